@@ -1,0 +1,27 @@
+# `make serve` and `make test` each create the virtualenv first if it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROMPT ?= The history of the city begins
+
+.PHONY: install serve test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $@
+
+# The main job. Until the HTTP server lands: complete a prompt with the shipped GPT checkpoint.
+serve: install
+	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,209 @@
+"""Checkpoint folders: write, list, validate and load them.
+
+A checkpoint is a folder under the store root:
+
+    config.json         architecture + hyper-parameters ("architecture": "gpt" | "roberta-mlm")
+    model.safetensors   weights (safetensors only: nothing here ever unpickles)
+    tokenizer.json      Hugging Face `tokenizers` file
+    README.md           model card; metrics.json: the same figures, machine-readable
+    manifest.json       sha256 and size of every other file
+
+Validation checks the manifest before any weight is read, so a corrupt or incomplete folder fails
+with an error naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from training.model import GPT, GPTConfig
+
+STORE_ROOT = Path(__file__).resolve().parent
+MANIFEST = "manifest.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that must not be served; the message names the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> dict:
+    """Record sha256 and size of every file in the folder (except the manifest itself)."""
+    files = {
+        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"files": files}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def write_checkpoint(
+    folder: Path,
+    model: GPT,
+    tokenizer: Tokenizer,
+    card: str,
+    metrics: dict,
+    extra_files: dict[str, Path] | None = None,
+    dtype: torch.dtype = torch.float16,
+) -> None:
+    """Export a trained GPT as a store checkpoint.
+
+    Weights are stored in half precision by default (half the bytes, within git's comfort; loading
+    casts them to the serving dtype); a tied LM head is stored once, as the token embedding.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save(folder / "config.json")
+    state = {
+        name: t.detach().to("cpu", dtype).contiguous()
+        for name, t in model.state_dict().items()
+        if not (model.config.tie_weights and name == "lm_head.weight")
+    }
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "README.md").write_text(card)
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    for name, src in (extra_files or {}).items():
+        shutil.copyfile(src, folder / name)
+    write_manifest(folder)
+
+
+def resolve(model_id: str, root: Path = STORE_ROOT) -> Path:
+    """The folder of a model id; ids are plain names, so no id can reach outside the store."""
+    if not MODEL_ID.match(model_id) or model_id in {".", ".."}:
+        raise CheckpointError(Path(model_id), "invalid model id (letters, digits, '.', '_', '-'; no paths)")
+    folder = (root / model_id).resolve()
+    if folder.parent != root.resolve():
+        raise CheckpointError(Path(model_id), "model id resolves outside the model store")
+    return folder
+
+
+def validate(folder: Path) -> dict:
+    """Check the folder against its manifest; returns the parsed config.json."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(folder, "not a checkpoint folder")
+    for p in folder.iterdir():
+        if p.suffix in PICKLE_SUFFIXES:
+            raise CheckpointError(p, "pickle-format file in a checkpoint; only safetensors weights are loaded")
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(manifest_path, "missing manifest")
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(manifest_path, f"unreadable manifest ({e})") from None
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise CheckpointError(folder / name, "required file not listed in the manifest")
+    for name, entry in files.items():
+        path = folder / name
+        if Path(name).name != name:
+            raise CheckpointError(manifest_path, f"manifest entry {name!r} is not a plain file name")
+        if not path.is_file():
+            raise CheckpointError(path, "missing (listed in the manifest)")
+        if path.stat().st_size != entry["bytes"]:
+            raise CheckpointError(
+                path, f"size {path.stat().st_size} bytes, manifest says {entry['bytes']} (truncated?)"
+            )
+        if sha256_file(path) != entry["sha256"]:
+            raise CheckpointError(path, "sha256 does not match the manifest (corrupted or modified)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(folder / "config.json", f"invalid JSON ({e})") from None
+    try:
+        with safe_open(str(folder / "model.safetensors"), framework="pt"):
+            pass
+    except Exception as e:
+        raise CheckpointError(folder / "model.safetensors", f"not a readable safetensors file ({e})") from None
+    return config
+
+
+@dataclass
+class CheckpointInfo:
+    id: str
+    path: Path
+    architecture: str | None
+    error: str | None  # why it cannot be served, or None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
+    """Every checkpoint folder in the store, validated (invalid ones carry their error)."""
+    infos = []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "config.json").exists()):
+        try:
+            config = validate(folder)
+            infos.append(CheckpointInfo(folder.name, folder, config.get("architecture"), None))
+        except CheckpointError as e:
+            infos.append(CheckpointInfo(folder.name, folder, None, str(e)))
+    return infos
+
+
+def load_gpt(
+    folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[GPT, Tokenizer]:
+    """Validate and load a GPT checkpoint in eval mode; shape mismatches name the tensor."""
+    folder = Path(folder)
+    config_dict = validate(folder)
+    if config_dict.get("architecture") != "gpt":
+        raise CheckpointError(folder / "config.json", f"architecture {config_dict.get('architecture')!r} is not 'gpt'")
+    try:
+        config = GPTConfig.from_dict(config_dict)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(folder / "config.json", f"invalid GPT config ({e})") from None
+    model = GPT(config)
+    state = load_file(str(folder / "model.safetensors"))
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise CheckpointError(
+                folder / "model.safetensors",
+                f"tensor {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}",
+            )
+    missing, unexpected = model.load_state_dict(state, strict=False)  # casts to the model's fp32
+    missing = [m for m in missing if not (config.tie_weights and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(
+            folder / "model.safetensors", f"missing tensors {missing}, unexpected tensors {unexpected}"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as e:
+        raise CheckpointError(folder / "tokenizer.json", f"not a loadable tokenizer ({e})") from None
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise CheckpointError(
+            folder / "tokenizer.json",
+            f"vocabulary {tokenizer.get_vocab_size()} != config vocab_size {config.vocab_size}",
+        )
+    return model.to(device=device, dtype=dtype).eval(), tokenizer

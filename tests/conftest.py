@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny corpus, a tokenizer trained on it, and tiny GPTs built on the fly."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.data import read_split, split_documents
+from training.model import GPT, GPTConfig
+from training.tokenizer import eos_id, train_bpe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_WIKI = FIXTURES / "tiny_wiki"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return train_bpe(split_documents(read_split(str(TINY_WIKI), "train")), vocab_size=400)
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    base = dict(vocab_size=97, context_length=32, n_layer=2, n_head=4, d_model=32, d_ff=64, dropout=0.0, eos_token_id=0)
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def tiny_gpt(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**overrides)).eval()
+
+
+@pytest.fixture
+def tiny_trained_gpt(tiny_tokenizer):
+    """A tiny GPT whose vocabulary matches the tiny tokenizer (untrained weights)."""
+    return tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer))

@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from tests.conftest import TINY_WIKI
+from training.data import DataSourceError, encode_documents, random_windows, read_split, split_documents
+from training.tokenizer import EOS_TOKEN, eos_id
+
+
+def test_tokenizer_round_trips_any_text(tiny_tokenizer):
+    for text in ["The castle was built in 1350 .", "Ĉu vi parolas Esperanton? ĝis! 🙂", "  tabs\tand\nnewlines  ", ""]:
+        ids = tiny_tokenizer.encode(text, add_special_tokens=False).ids
+        assert tiny_tokenizer.decode(ids) == text
+
+
+def test_tokenizer_has_end_of_text_token(tiny_tokenizer):
+    eos = eos_id(tiny_tokenizer)
+    assert tiny_tokenizer.id_to_token(eos) == EOS_TOKEN
+    assert tiny_tokenizer.encode(EOS_TOKEN, add_special_tokens=False).ids == [eos]  # one token, not split
+
+
+def test_wikitext_documents_split_at_titles_not_sections():
+    docs = split_documents(read_split(str(TINY_WIKI), "train"))
+    assert len(docs) == 8
+    assert all(d.startswith(" = ") and not d.startswith(" = = ") for d in docs)
+    assert all(" = = History = = " in d for d in docs)
+
+
+def test_stream_has_one_eos_after_each_document_and_no_padding(tiny_tokenizer):
+    docs = split_documents(read_split(str(TINY_WIKI), "valid"))
+    eos = eos_id(tiny_tokenizer)
+    stream = encode_documents(docs, tiny_tokenizer, eos)
+    assert int((stream == eos).sum()) == len(docs)
+    assert stream[-1] == eos
+    expected = sum(len(tiny_tokenizer.encode(d, add_special_tokens=False).ids) for d in docs) + len(docs)
+    assert len(stream) == expected
+
+
+def test_random_windows_are_shifted_by_one_and_seeded():
+    stream = torch.arange(1000)
+    x, y = random_windows(stream, 4, 16, torch.Generator().manual_seed(1))
+    assert x.shape == y.shape == (4, 16)
+    assert torch.equal(y, x + 1)
+    x2, _ = random_windows(stream, 4, 16, torch.Generator().manual_seed(1))
+    assert torch.equal(x, x2)
+
+
+def test_missing_corpus_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DataSourceError, match="train.txt: no such file"):
+        read_split(str(tmp_path), "train")
+    with pytest.raises(DataSourceError, match="not a corpus folder"):
+        read_split(str(tmp_path / "nope.txt"), "train")
+
+
+def test_hf_dataset_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataSourceError, match="Salesforce/wikitext:wikitext-2-raw-v1"):
+        read_split("Salesforce/wikitext:wikitext-2-raw-v1", "train")

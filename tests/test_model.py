@@ -1,0 +1,138 @@
+import json
+
+import pytest
+import torch
+
+from tests.conftest import tiny_config, tiny_gpt
+from training.model import GPTConfig, KVCache
+
+SOFTMAXES = ["softmax", "softmax1"]
+
+
+@pytest.mark.parametrize("sm", SOFTMAXES)
+def test_changing_a_future_token_never_changes_earlier_logits(sm):
+    model = tiny_gpt(softmax=sm)
+    x = torch.randint(1, 97, (2, 20))
+    y = x.clone()
+    y[:, 12:] = torch.randint(1, 97, (2, 8))
+    with torch.no_grad():
+        a, b = model(x).logits, model(y).logits
+    torch.testing.assert_close(a[:, :12], b[:, :12])
+    assert not torch.allclose(a[:, 12:], b[:, 12:])  # the changed tokens do matter
+
+
+@pytest.mark.parametrize("sm", SOFTMAXES)
+def test_causality_with_padding_mask(sm):
+    model = tiny_gpt(softmax=sm)
+    x = torch.randint(1, 97, (1, 10))
+    mask = torch.ones(1, 10, dtype=torch.long)
+    y = x.clone()
+    y[0, 7] = (x[0, 7] + 1) % 97
+    with torch.no_grad():
+        a = model(x, attention_mask=mask).logits
+        b = model(y, attention_mask=mask).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+
+
+@pytest.mark.parametrize("sm", SOFTMAXES)
+def test_kv_cache_equals_full_recompute(sm):
+    model = tiny_gpt(softmax=sm)
+    x = torch.randint(1, 97, (3, 16))
+    with torch.no_grad():
+        full = model(x).logits
+        cache = KVCache(model.config.n_layer)
+        steps = [model(x[:, :5], kv_cache=cache).logits]  # prefill, then one token at a time
+        for t in range(5, 16):
+            steps.append(model(x[:, t : t + 1], kv_cache=cache).logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+    assert cache.length == 16
+
+
+@pytest.mark.parametrize("sm", SOFTMAXES)
+def test_left_padding_gives_the_same_logits_for_real_tokens(sm):
+    model = tiny_gpt(softmax=sm)
+    x = torch.randint(1, 97, (1, 9))
+    pad = 4
+    padded = torch.cat([torch.zeros(1, pad, dtype=torch.long), x], dim=1)
+    mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 9)], dim=1).long()
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        ref = model(x).logits
+        out = model(padded, attention_mask=mask, position_ids=positions).logits[:, pad:]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sm", SOFTMAXES)
+def test_attention_weights_shapes_and_row_sums(sm):
+    model = tiny_gpt(softmax=sm)
+    x = torch.randint(1, 97, (2, 11))
+    with torch.no_grad():
+        out = model(x, return_attention=True)
+        plain = model(x).logits
+    assert len(out.attentions) == model.config.n_layer
+    for w in out.attentions:
+        assert w.shape == (2, model.config.n_head, 11, 11)
+        assert torch.all(w.triu(1) == 0)  # nothing above the diagonal: no future
+        sums = w.sum(-1)
+        if sm == "softmax":
+            torch.testing.assert_close(sums, torch.ones_like(sums))
+        else:
+            assert (sums < 1).all()
+    torch.testing.assert_close(out.logits, plain, atol=1e-5, rtol=1e-4)  # fused and explicit paths agree
+
+
+def test_softmax1_model_differs_from_softmax_with_same_weights():
+    a = tiny_gpt(seed=3, softmax="softmax")
+    b = tiny_gpt(seed=3, softmax="softmax1")
+    b.load_state_dict(a.state_dict())
+    x = torch.randint(1, 97, (1, 12))
+    with torch.no_grad():
+        assert not torch.allclose(a(x).logits, b(x).logits)
+
+
+def test_heads_are_concatenated_and_projected():
+    model = tiny_gpt()
+    attn = model.blocks[0].attn
+    assert attn.proj.in_features == model.config.d_model  # H * D inputs, not D (averaging would give D)
+
+
+def test_weight_tying():
+    m = tiny_gpt()
+    assert m.lm_head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
+    untied = tiny_gpt(tie_weights=False)
+    assert untied.lm_head.weight.data_ptr() != untied.tok_emb.weight.data_ptr()
+
+
+def test_config_json_round_trip(tmp_path):
+    cfg = tiny_config(softmax="softmax1", n_layer=3)
+    cfg.save(tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text())["architecture"] == "gpt"
+    assert GPTConfig.load(tmp_path / "config.json") == cfg
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(d_model=30, n_head=4)
+    with pytest.raises(ValueError, match="unknown GPTConfig fields"):
+        GPTConfig.from_dict({"d_model": 32, "n_head": 4, "bogus": 1})
+
+
+def test_generate_greedy_is_deterministic_and_stops_at_eos():
+    model = tiny_gpt()
+    prompt = torch.randint(1, 97, (1, 5))
+    a = model.generate(prompt, 10, temperature=0)
+    b = model.generate(prompt, 10, temperature=0)
+    assert torch.equal(a, b) and a.shape[1] <= 10
+    never_stop = model.generate(prompt, 10, temperature=0, eos_bias=float("-inf"))
+    assert never_stop.shape[1] == 10 and (never_stop != 0).all()
+    always_stop = model.generate(prompt, 10, temperature=0, eos_bias=1e9)
+    assert always_stop.shape[1] == 0
+
+
+def test_gradients_flow_to_every_parameter():
+    model = tiny_gpt(dropout=0.1)
+    model.train()
+    x = torch.randint(1, 97, (2, 16))
+    model(x, x).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

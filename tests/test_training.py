@@ -1,0 +1,77 @@
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+from model_store.store import load_gpt
+from tests.conftest import REPO, TINY_WIKI
+from training.model import GPTConfig
+from training.trainer import TrainConfig, lr_at, train
+
+TINY_MODEL = dict(n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)
+
+
+def tiny_train_config(out, **overrides) -> TrainConfig:
+    base = dict(
+        data=str(TINY_WIKI), out=str(out), vocab_size=300, model=GPTConfig(**TINY_MODEL), batch_size=8,
+        max_steps=60, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=20, eval_batches=2, save_interval=20,
+    )  # fmt: skip
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def read_log(out):
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_lowers_loss_and_exports_a_servable_checkpoint(tmp_path):
+    metrics = train(tiny_train_config(tmp_path, export=str(tmp_path / "store" / "tiny")), command="test")
+    log = read_log(tmp_path)
+    uniform = math.log(300)  # an untrained model's loss is about log(vocab)
+    assert log[-1]["valid_loss"] < log[0]["valid_loss"] < uniform
+    assert log[-1]["valid_loss"] < uniform - 1.0
+    assert metrics["test"]["word_ppl"] > metrics["test"]["token_ppl"] > 1  # more tokens than words
+    assert (tmp_path / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    card = (tmp_path / "store" / "tiny" / "README.md").read_text()
+    assert "word-level ppl" in card and "Command: `test`" in card
+    model, tok = load_gpt(tmp_path / "store" / "tiny")
+    assert model.config.vocab_size == tok.get_vocab_size()
+
+
+def test_runs_are_reproducible_and_resumable(tmp_path):
+    a = train(tiny_train_config(tmp_path / "a", max_steps=40, final_eval=False))
+    assert train(tiny_train_config(tmp_path / "b", max_steps=40, stop_at=20, final_eval=False)) == {}  # stop ...
+    b = train(tiny_train_config(tmp_path / "b", max_steps=40, final_eval=False))  # ... and resume
+    assert a["final_valid_loss"] == b["final_valid_loss"]
+    assert [e["valid_loss"] for e in read_log(tmp_path / "a")] == [e["valid_loss"] for e in read_log(tmp_path / "b")]
+    wa = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["model"]
+    wb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_learning_rate_schedule_warms_up_then_decays():
+    cfg = tiny_train_config("unused", max_steps=100, warmup_steps=10, lr=1.0, min_lr=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == 0.1 and lrs[9] == 1.0
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert abs(lr_at(100, cfg) - 0.1) < 1e-9
+
+
+def test_two_process_ddp_run(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+        "-m", "training", "gpt", "--data", str(TINY_WIKI), "--out", str(tmp_path), "--vocab-size", "300",
+        "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context-length", "16", "--batch-size", "4",
+        "--max-steps", "6", "--eval-interval", "3", "--save-interval", "3", "--eval-batches", "1", "--device", "cpu",
+        "--no-final-eval",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = read_log(tmp_path)
+    assert [e["step"] for e in log] == [3, 6]  # written once, by rank 0
+    assert (tmp_path / "model" / "model.safetensors").exists()
+    assert "16 tokens/step" not in proc.stdout and "128 tokens/step" in proc.stdout  # 2 ranks x 4 x 16

@@ -1,0 +1,178 @@
+"""Command line: `python -m training {tokenizer,gpt,eval,complete} --help`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+DEFAULT_DATA = str(Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "wikitext-2-raw")
+
+
+def add_tokenizer_parser(sub) -> None:
+    p = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a corpus's train split")
+    p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder with train.txt (or HF dataset id 'name:config')")
+    p.add_argument(
+        "--doc-mode",
+        default="wikitext",
+        choices=["wikitext", "paragraph", "line"],
+        help="how the text splits into documents",
+    )
+    p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size, special tokens included")
+    p.add_argument("--out", required=True, help="where to write tokenizer.json")
+
+
+def add_gpt_parser(sub) -> None:
+    p = sub.add_parser("gpt", help="train the from-scratch GPT (resumes if OUT/checkpoint.pt exists)")
+    p.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="corpus folder with train/valid/test.txt, or HF dataset id 'Salesforce/wikitext:wikitext-2-raw-v1'",
+    )
+    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.jsonl, loss_curve.png, model/")
+    p.add_argument("--export", default=None, help="also write the final checkpoint to this model-store folder")
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer.json to use (default: OUT/tokenizer.json, trained if missing)"
+    )
+    p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size when the tokenizer is trained here")
+    p.add_argument(
+        "--doc-mode",
+        default="wikitext",
+        choices=["wikitext", "paragraph", "line"],
+        help="how the text splits into documents (an end-of-text token follows each)",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--n-layer", type=int, default=6, help="transformer blocks")
+    m.add_argument("--n-head", type=int, default=8, help="attention heads per block")
+    m.add_argument("--d-model", type=int, default=256, help="residual stream width")
+    m.add_argument("--d-ff", type=int, default=None, help="MLP hidden width (default 4 x d-model)")
+    m.add_argument("--context-length", type=int, default=256, help="tokens per training window")
+    m.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings and residual branches")
+    m.add_argument("--attn-dropout", type=float, default=0.0, help="dropout on attention probabilities")
+    m.add_argument("--softmax", default="softmax", choices=["softmax", "softmax1"], help="attention normaliser")
+    m.add_argument("--no-tie-weights", action="store_true", help="separate LM-head and token-embedding matrices")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--batch-size", type=int, default=32, help="windows per process per micro-step")
+    o.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimiser step")
+    o.add_argument("--max-steps", type=int, default=2000, help="optimiser steps (the cosine schedule ends here)")
+    o.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    o.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the cosine decay")
+    o.add_argument("--warmup-steps", type=int, default=100, help="linear warmup steps")
+    o.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    o.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    r = p.add_argument_group("run")
+    r.add_argument("--eval-interval", type=int, default=200, help="steps between validation-loss checks")
+    r.add_argument("--eval-batches", type=int, default=20, help="validation batches per check")
+    r.add_argument("--save-interval", type=int, default=200, help="steps between resumable checkpoints")
+    r.add_argument("--seed", type=int, default=1337, help="seed for weights and batch order")
+    r.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    r.add_argument("--amp", default="auto", choices=["auto", "bf16", "off"], help="bf16 autocast: auto = on CUDA only")
+    r.add_argument("--compile", action="store_true", help="torch.compile the model")
+    r.add_argument(
+        "--stop-at", type=int, default=None, help="end this invocation after this step; rerun the command to resume"
+    )
+    r.add_argument("--no-final-eval", action="store_true", help="skip full valid/test perplexity at the end")
+
+
+def add_eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="token/word-level perplexity of a checkpoint, and per-sentence loss")
+    p.add_argument("checkpoint", help="model-store checkpoint folder")
+    p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder with valid.txt/test.txt")
+    p.add_argument("--splits", default="valid,test", help="comma-separated splits to evaluate")
+    p.add_argument(
+        "--doc-mode",
+        default="wikitext",
+        choices=["wikitext", "paragraph", "line"],
+        help="document splitting, as in training",
+    )
+    p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default context/2)")
+    p.add_argument("--sentence", action="append", default=[], help="also score this sentence (repeatable)")
+
+
+def add_complete_parser(sub) -> None:
+    p = sub.add_parser("complete", help="complete a prompt with a checkpoint")
+    p.add_argument("checkpoint", help="model-store checkpoint folder")
+    p.add_argument("prompt", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=60, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens")
+    p.add_argument(
+        "--eos-bias", type=float, default=0.0, help="added to the end-of-text logit (negative = longer outputs)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_tokenizer_parser(sub)
+    add_gpt_parser(sub)
+    add_eval_parser(sub)
+    add_complete_parser(sub)
+    args = parser.parse_args(argv)
+    args.command_line = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
+    {"tokenizer": run_tokenizer, "gpt": run_gpt, "eval": run_eval, "complete": run_complete}[args.command](args)
+
+
+def run_tokenizer(args) -> None:
+    from training.data import read_split, split_documents
+    from training.tokenizer import train_bpe
+
+    tok = train_bpe(split_documents(read_split(args.data, "train"), args.doc_mode), vocab_size=args.vocab_size)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    tok.save(args.out)
+    print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
+
+
+def run_gpt(args) -> None:
+    from training.model import GPTConfig
+    from training.trainer import TrainConfig, train
+
+    model = GPTConfig(
+        n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model, d_ff=args.d_ff or 4 * args.d_model,
+        context_length=args.context_length, dropout=args.dropout, attn_dropout=args.attn_dropout,
+        softmax=args.softmax, tie_weights=not args.no_tie_weights,
+    )  # fmt: skip
+    cfg = TrainConfig(
+        data=args.data, out=args.out, export=args.export, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        doc_mode=args.doc_mode, model=model, batch_size=args.batch_size, grad_accum=args.grad_accum,
+        max_steps=args.max_steps, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_interval=args.eval_interval,
+        eval_batches=args.eval_batches, save_interval=args.save_interval, seed=args.seed, device=args.device,
+        amp=args.amp, compile=args.compile, final_eval=not args.no_final_eval, stop_at=args.stop_at,
+    )  # fmt: skip
+    train(cfg, command=args.command_line)
+
+
+def run_eval(args) -> None:
+    from model_store import load_gpt
+    from training.data import read_split
+    from training.evaluate import corpus_perplexity, sentence_scores
+
+    model, tok = load_gpt(Path(args.checkpoint))
+    result: dict = {}
+    for split in args.splits.split(","):
+        result[split] = corpus_perplexity(
+            model, tok, read_split(args.data, split), args.doc_mode, args.stride
+        ).as_dict()
+    if args.sentence:
+        result["sentences"] = sentence_scores(model, tok, args.sentence)
+    print(json.dumps(result, indent=2))
+
+
+def run_complete(args) -> None:
+    import torch
+
+    from model_store import load_gpt
+
+    model, tok = load_gpt(Path(args.checkpoint))
+    ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
+    gen = torch.Generator().manual_seed(args.seed)
+    out = model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.eos_bias, generator=gen)
+    print(args.prompt + tok.decode(out[0].tolist()))
+
+
+if __name__ == "__main__":
+    main()

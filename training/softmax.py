@@ -1,0 +1,46 @@
+"""Attention normalisers: standard softmax and softmax1 ("Attention Is Off By One").
+
+softmax1(x)_i = exp(x_i) / (1 + sum_j exp(x_j)) is softmax with an extra, always-present zero
+logit: a head can put its mass on "nothing" instead of being forced to attend somewhere. This is the
+single implementation used by the from-scratch GPT and by EsperBERTo.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+SoftmaxFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Standard softmax computed in fp32; a row that is entirely -inf yields zeros, not NaN."""
+    xf = x.float()
+    m = xf.amax(dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(xf - m)
+    s = e.sum(dim, keepdim=True)
+    return (e / torch.where(s > 0, s, torch.ones_like(s))).to(x.dtype)
+
+
+def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """exp(x_i) / (1 + sum_j exp(x_j)), stable in fp32/fp16/bf16.
+
+    Shifting by m = max(0, max_j x_j) gives exp(x_i - m) / (exp(-m) + sum_j exp(x_j - m)): no term
+    overflows, the denominator is at least exp(-m) > 0 or 1, so rows of huge, very negative or fully
+    masked (-inf) scores never produce NaN. Computed in fp32 and cast back to the input dtype.
+    """
+    xf = x.float()
+    m = xf.amax(dim, keepdim=True).clamp_min(0.0)
+    e = torch.exp(xf - m)
+    return (e / (torch.exp(-m) + e.sum(dim, keepdim=True))).to(x.dtype)
+
+
+SOFTMAX_FUNCTIONS: dict[str, SoftmaxFn] = {"softmax": softmax, "softmax1": softmax1}
+
+
+def get_softmax(name: str) -> SoftmaxFn:
+    """Look up an attention normaliser by the name stored in a model config."""
+    try:
+        return SOFTMAX_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown softmax {name!r}; choose one of {sorted(SOFTMAX_FUNCTIONS)}") from None

@@ -1,0 +1,248 @@
+"""Training loop for the from-scratch GPT: AdamW, warmup + cosine decay, clipping, periodic
+validation, resumable checkpoints, bf16 autocast, optional torch.compile, and DDP under torchrun
+(gloo on CPU, nccl on GPU).
+
+At the end the run exports a model-store checkpoint (see model_store/) with its model card.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tokenizers import Tokenizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from training.data import encode_documents, random_windows, read_split, split_documents
+from training.evaluate import corpus_perplexity, sentence_scores
+from training.model import GPT, GPTConfig
+from training.report import plot_loss_curve, write_gpt_card
+from training.tokenizer import eos_id, train_bpe
+
+DEFAULT_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "The game was released in Japan in 2011 , and later in North America .",
+    "After learning language models model natural language.",
+]
+
+
+@dataclass
+class TrainConfig:
+    data: str  # corpus folder with train/valid/test.txt, or an HF dataset id
+    out: str  # run folder: checkpoints, logs, and the exported model
+    tokenizer: str | None = None  # tokenizer.json; trained on the train split if missing
+    vocab_size: int = 8192
+    doc_mode: str = "wikitext"
+    model: GPTConfig = field(default_factory=GPTConfig)
+    batch_size: int = 32  # per process, per micro-step
+    grad_accum: int = 1
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_interval: int = 200
+    eval_batches: int = 20
+    save_interval: int = 200
+    seed: int = 1337
+    device: str = "auto"
+    amp: str = "auto"  # bf16 autocast: "auto" = on CUDA only, "bf16", "off"
+    compile: bool = False
+    final_eval: bool = True  # full valid/test perplexity + model card at the end
+    export: str | None = None  # also copy the exported model here (e.g. model_store/gpt-wikitext2)
+    stop_at: int | None = None  # end this invocation after this step (checkpoint saved); rerun to resume
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to lr, then cosine decay to min_lr at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, LayerNorm or positions)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def load_or_train_tokenizer(cfg: TrainConfig, train_text: str, is_main: bool, distributed: bool) -> Tokenizer:
+    path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.out) / "tokenizer.json"
+    if not path.exists() and is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        train_bpe(split_documents(train_text, cfg.doc_mode), vocab_size=cfg.vocab_size).save(str(path))
+    if distributed:
+        dist.barrier()  # the other ranks wait for rank 0's tokenizer
+    return Tokenizer.from_file(str(path))
+
+
+def train(cfg: TrainConfig, command: str = "") -> dict:
+    """Run (or resume) a training run; returns the final metrics."""
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
+    device = resolve_device(cfg.device)
+    if distributed:
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    is_main = rank == 0
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+
+    train_text = read_split(cfg.data, "train")
+    tokenizer = load_or_train_tokenizer(cfg, train_text, is_main, distributed)
+    eos = eos_id(tokenizer)
+    cfg.model.vocab_size = tokenizer.get_vocab_size()
+    cfg.model.eos_token_id = eos
+    train_stream = encode_documents(split_documents(train_text, cfg.doc_mode), tokenizer, eos)
+    valid_text = read_split(cfg.data, "valid")
+    valid_stream = encode_documents(split_documents(valid_text, cfg.doc_mode), tokenizer, eos)
+
+    model = GPT(cfg.model).to(device)  # same seed on every rank: identical initial weights
+    optimizer = make_optimizer(model, cfg)
+    step, log = 0, []
+    ckpt_path = out / "checkpoint.pt"
+    if ckpt_path.exists():  # resume: tensors and plain containers only (weights_only)
+        state = torch.load(ckpt_path, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, log = state["step"], json.loads(state["log"])
+        if is_main:
+            print(f"resumed from {ckpt_path} at step {step}")
+
+    train_model: torch.nn.Module = torch.compile(model) if cfg.compile else model
+    if distributed:
+        train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    use_amp = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_amp else nullcontext()
+
+    # each rank draws its own batches; the generator state is a function of (seed, rank, step) so a
+    # resumed run sees the same batches it would have seen
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    eval_gen = torch.Generator()
+
+    def evaluate() -> float:
+        model.eval()
+        eval_gen.manual_seed(cfg.seed)  # the same validation windows every time
+        losses = []
+        with torch.no_grad(), autocast:
+            for _ in range(cfg.eval_batches):
+                x, y = random_windows(valid_stream, cfg.batch_size, cfg.model.context_length, eval_gen)
+                losses.append(model(x.to(device), y.to(device)).loss.item())
+        model.train()
+        return sum(losses) / len(losses)
+
+    def save_checkpoint() -> None:
+        if is_main:
+            tmp = ckpt_path.with_suffix(".tmp")
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "log": json.dumps(log),
+                },
+                tmp,
+            )
+            tmp.replace(ckpt_path)
+
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
+    if is_main:
+        n_params, n_tokens = model.num_parameters(), len(train_stream)
+        print(f"{n_params:,} parameters, {n_tokens:,} train tokens, {tokens_per_step:,} tokens/step, device {device}")
+    start_time = time.time() - (log[-1]["elapsed_s"] if log else 0.0)
+    model.train()
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not is_main, desc="train", dynamic_ncols=True)
+    while step < cfg.max_steps:
+        gen.manual_seed(cfg.seed * 1000 + rank + 7919 * step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum):
+            x, y = random_windows(train_stream, cfg.batch_size, cfg.model.context_length, gen)
+            sync = nullcontext() if not distributed or micro == cfg.grad_accum - 1 else train_model.no_sync()
+            with sync, autocast:
+                loss = train_model(x.to(device), y.to(device)).loss / cfg.grad_accum
+            with sync:
+                loss.backward()
+            loss_sum += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_sum:.3f}", lr=f"{lr_at(step - 1, cfg):.2e}")
+        if step % cfg.eval_interval == 0 or step == cfg.max_steps:
+            entry = {"step": step, "train_loss": round(loss_sum, 4), "elapsed_s": round(time.time() - start_time, 1)}
+            entry["valid_loss"] = round(evaluate(), 4)
+            log.append(entry)
+            if is_main:
+                bar.write(json.dumps(entry))
+                with open(out / "train_log.jsonl", "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+        if step % cfg.save_interval == 0 or step == cfg.max_steps or step == cfg.stop_at:
+            save_checkpoint()
+        if step == cfg.stop_at:
+            break
+    bar.close()
+
+    metrics: dict = {}
+    if is_main and step == cfg.max_steps:
+        metrics = finish_run(cfg, model, tokenizer, log, valid_text, command)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return metrics
+
+
+def finish_run(
+    cfg: TrainConfig, model: GPT, tokenizer: Tokenizer, log: list[dict], valid_text: str, command: str
+) -> dict:
+    """Final evaluation, loss curve, and the exported model-store checkpoint with its card."""
+    from model_store.store import write_checkpoint  # the store owns the on-disk format
+
+    out = Path(cfg.out)
+    model.eval()
+    with torch.no_grad():  # evaluate exactly what ships: weights rounded to the stored half precision
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    metrics: dict = {
+        "steps": log[-1]["step"] if log else 0,
+        "wall_time_s": log[-1]["elapsed_s"] if log else 0.0,
+        "parameters": model.num_parameters(),
+        "final_train_loss": log[-1]["train_loss"] if log else None,
+        "final_valid_loss": log[-1]["valid_loss"] if log else None,
+    }
+    if cfg.final_eval:
+        metrics["valid"] = corpus_perplexity(model, tokenizer, valid_text, cfg.doc_mode).as_dict()
+        metrics["test"] = corpus_perplexity(model, tokenizer, read_split(cfg.data, "test"), cfg.doc_mode).as_dict()
+        metrics["sentences"] = sentence_scores(model, tokenizer, DEFAULT_SENTENCES)
+    plot_loss_curve(log, out / "loss_curve.png")
+    card = write_gpt_card(cfg_dict=asdict(cfg), metrics=metrics, command=command)
+    for folder in [out / "model"] + ([Path(cfg.export)] if cfg.export else []):
+        write_checkpoint(
+            folder, model, tokenizer, card=card, metrics=metrics, extra_files={"loss_curve.png": out / "loss_curve.png"}
+        )
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics, indent=2))
+    return metrics
