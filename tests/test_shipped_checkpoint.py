@@ -1,0 +1,59 @@
+"""The shipped GPT checkpoint: it loads from the store and writes English better than a unigram model."""
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
+from tests.conftest import FIXTURES, REPO
+from training.tokenizer import eos_id
+
+SHIPPED = STORE_ROOT / "gpt-wikitext2"
+WIKITEXT_TRAIN = REPO.parent / "shared" / "data" / "wikitext-2-raw" / "train.txt"
+
+
+def unigram_ppl(tokenizer, paragraph_ids: list[int]) -> tuple[float, str]:
+    """Add-one-smoothed unigram perplexity: fitted on WikiText-2 train when present, else on the
+    paragraph itself (an oracle that knows the paragraph's own token frequencies: a harder bar)."""
+    if WIKITEXT_TRAIN.exists():
+        counts = Counter(tokenizer.encode(WIKITEXT_TRAIN.read_text()[:2_000_000], add_special_tokens=False).ids)
+        source = "wikitext-2 train"
+    else:
+        counts, source = Counter(paragraph_ids), "the paragraph itself"
+    V, total = tokenizer.get_vocab_size(), sum(counts.values())
+    nll = -sum(math.log((counts[t] + 1) / (total + V)) for t in paragraph_ids)
+    return math.exp(nll / len(paragraph_ids)), source
+
+
+def test_shipped_checkpoint_is_listed_valid():
+    info = {i.id: i for i in list_checkpoints()}["gpt-wikitext2"]
+    assert info.ok, info.error
+    assert info.architecture == "gpt"
+    assert (SHIPPED / "model.safetensors").stat().st_size <= 25 * 2**20
+
+
+def test_shipped_checkpoint_beats_unigram_and_completes_fluently():
+    model, tok = load_gpt(SHIPPED)
+    paragraph = (FIXTURES / "heldout_paragraph.txt").read_text()
+    ids = tok.encode(paragraph, add_special_tokens=False).ids
+    x = torch.tensor([[eos_id(tok)] + ids[:-1]])
+    with torch.no_grad():
+        model_ppl = math.exp(F.cross_entropy(model(x).logits[0], torch.tensor(ids)).item())
+    baseline, source = unigram_ppl(tok, ids)
+    assert model_ppl < baseline / 3, f"model ppl {model_ppl:.1f} vs unigram ({source}) {baseline:.1f}"
+
+    prompt = " The church was built in the"
+    out = model.generate(torch.tensor([tok.encode(prompt).ids]), max_new_tokens=30, temperature=0)
+    text = tok.decode(out[0].tolist())
+    words = text.split()
+    assert len(words) >= 5, text
+    assert sum(w.isalpha() or w in ",.'\"" or w.isdigit() for w in words) / len(words) > 0.7, text
+
+
+def test_shipped_model_card_reports_perplexities():
+    card = (SHIPPED / "README.md").read_text()
+    assert "word-level ppl" in card and "Command: `python -m training gpt" in card
+    assert Path(SHIPPED / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
