@@ -146,6 +146,15 @@ def validate(folder: Path) -> dict:
     return config
 
 
+def architecture_of(config: dict) -> str | None:
+    """'gpt' (our from-scratch model) or 'roberta-mlm' (a Hugging Face RobertaForMaskedLM)."""
+    if config.get("architecture") == "gpt":
+        return "gpt"
+    if "RobertaForMaskedLM" in config.get("architectures", []):
+        return "roberta-mlm"
+    return None
+
+
 @dataclass
 class CheckpointInfo:
     id: str
@@ -164,7 +173,7 @@ def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
     for folder in sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "config.json").exists()):
         try:
             config = validate(folder)
-            infos.append(CheckpointInfo(folder.name, folder, config.get("architecture"), None))
+            infos.append(CheckpointInfo(folder.name, folder, architecture_of(config), None))
         except CheckpointError as e:
             infos.append(CheckpointInfo(folder.name, folder, None, str(e)))
     return infos
@@ -176,7 +185,7 @@ def load_gpt(
     """Validate and load a GPT checkpoint in eval mode; shape mismatches name the tensor."""
     folder = Path(folder)
     config_dict = validate(folder)
-    if config_dict.get("architecture") != "gpt":
+    if architecture_of(config_dict) != "gpt":
         raise CheckpointError(folder / "config.json", f"architecture {config_dict.get('architecture')!r} is not 'gpt'")
     try:
         config = GPTConfig.from_dict(config_dict)
@@ -207,3 +216,24 @@ def load_gpt(
             f"vocabulary {tokenizer.get_vocab_size()} != config vocab_size {config.vocab_size}",
         )
     return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Validate and load an EsperBERTo (RobertaForMaskedLM) checkpoint and its tokenizer, in eval mode.
+
+    Importing training.esperberto registers softmax1, so a softmax1 checkpoint comes back as one.
+    """
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    import training.esperberto  # noqa: F401  (registers the softmax1 attention function)
+
+    folder = Path(folder)
+    config = validate(folder)
+    if architecture_of(config) != "roberta-mlm":
+        raise CheckpointError(folder / "config.json", "not a RobertaForMaskedLM checkpoint")
+    try:
+        model = AutoModelForMaskedLM.from_pretrained(folder, use_safetensors=True, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(folder, f"cannot be loaded by transformers ({e})") from None
+    return model.to(device).eval(), tokenizer

@@ -1,4 +1,4 @@
-"""Command line: `python -m training {tokenizer,gpt,eval,complete} --help`."""
+"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis} --help`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-DEFAULT_DATA = str(Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "wikitext-2-raw")
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+DEFAULT_DATA = str(SHARED_DATA / "wikitext-2-raw")
 
 
 def add_tokenizer_parser(sub) -> None:
@@ -104,6 +105,42 @@ def add_complete_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
+def add_esperberto_parser(sub) -> None:
+    p = sub.add_parser("esperberto", help="train an EsperBERTo masked LM (softmax0 or softmax1); resumes")
+    p.add_argument("--variant", required=True, choices=["softmax0", "softmax1"], help="attention normaliser")
+    p.add_argument(
+        "--data", default=str(SHARED_DATA / "esperanto"), help="folder of *.txt, or HF id 'chriswmurphy/esperanto'"
+    )
+    p.add_argument("--out", required=True, help="run folder (Trainer checkpoints, metrics.json, model/)")
+    p.add_argument("--export", default=None, help="also write the final checkpoint to this model-store folder")
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder shared by both variants (trained there if missing)"
+    )
+    p.add_argument(
+        "--preset", default="small", choices=["tiny", "small", "full"], help="model size (full = the study's 6x768)"
+    )
+    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default: the preset's)")
+    p.add_argument("--block-size", type=int, default=128, help="tokens per training block, <s> and </s> included")
+    p.add_argument("--holdout-every", type=int, default=50, help="every N-th line is held out for evaluation")
+    p.add_argument("--batch-size", type=int, default=32, help="blocks per step")
+    p.add_argument("--max-steps", type=int, default=3000, help="optimiser steps")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (linear warmup and decay)")
+    p.add_argument("--warmup-steps", type=int, default=150, help="linear warmup steps")
+    p.add_argument("--eval-steps", type=int, default=250, help="steps between evaluations and checkpoints")
+    p.add_argument("--seed", type=int, default=42, help="seed for weights, data order and masks")
+    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+
+
+def add_kurtosis_parser(sub) -> None:
+    p = sub.add_parser("kurtosis", help="the softmax0 vs softmax1 study: kurtosis tables, attention mass, histograms")
+    p.add_argument("models", nargs="+", help="EsperBERTo checkpoint folders (e.g. both variants)")
+    p.add_argument("--data", default=str(SHARED_DATA / "esperanto"), help="corpus; its held-out lines are measured")
+    p.add_argument("--holdout-every", type=int, default=50, help="as in training: every N-th line is held out")
+    p.add_argument("--block-size", type=int, default=128, help="tokens per block, as in training")
+    p.add_argument("--max-blocks", type=int, default=None, help="measure at most this many held-out blocks")
+    p.add_argument("--out", required=True, help="folder for kurtosis.md, kurtosis.json and the PNGs")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,9 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     add_gpt_parser(sub)
     add_eval_parser(sub)
     add_complete_parser(sub)
+    add_esperberto_parser(sub)
+    add_kurtosis_parser(sub)
     args = parser.parse_args(argv)
     args.command_line = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
-    {"tokenizer": run_tokenizer, "gpt": run_gpt, "eval": run_eval, "complete": run_complete}[args.command](args)
+    runners = {"tokenizer": run_tokenizer, "gpt": run_gpt, "eval": run_eval, "complete": run_complete,
+               "esperberto": run_esperberto, "kurtosis": run_kurtosis}  # fmt: skip
+    runners[args.command](args)
 
 
 def run_tokenizer(args) -> None:
@@ -172,6 +213,41 @@ def run_complete(args) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     out = model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.eos_bias, generator=gen)
     print(args.prompt + tok.decode(out[0].tolist()))
+
+
+def run_esperberto(args) -> None:
+    from training.esperberto.train import MLMTrainConfig, train_mlm
+
+    cfg = MLMTrainConfig(
+        data=args.data, out=args.out, export=args.export, variant=args.variant, preset=args.preset,
+        tokenizer=args.tokenizer, vocab_size=args.vocab_size, block_size=args.block_size,
+        holdout_every=args.holdout_every, batch_size=args.batch_size, max_steps=args.max_steps, lr=args.lr,
+        warmup_steps=args.warmup_steps, eval_steps=args.eval_steps, seed=args.seed, bf16=not args.no_bf16,
+    )  # fmt: skip
+    train_mlm(cfg, command=args.command_line)
+
+
+def run_kurtosis(args) -> None:
+    from model_store import load_mlm
+    from training.esperberto.data import encode_blocks, read_corpus, split_lines
+    from training.esperberto.study import activation_study, parameter_kurtosis, write_report
+
+    _, valid_lines = split_lines(read_corpus(args.data), args.holdout_every)
+    results, models = {}, {}
+    for folder in args.models:
+        model, tok = load_mlm(Path(folder))
+        blocks = encode_blocks(valid_lines, tok, args.block_size)[: args.max_blocks]
+        name = model.config.attention_variant
+        models[name] = model
+        results[name] = {
+            "checkpoint": Path(folder).name,
+            "blocks": len(blocks),
+            "parameters": parameter_kurtosis(model),
+        }
+        results[name].update(activation_study(model, blocks))
+    note = (f"Measured by `{args.command_line}` on {len(blocks)} held-out blocks of {args.block_size} tokens "
+            "(every position of every block; eval mode). Std is across layers (numpy, ddof=0).")  # fmt: skip
+    print(write_report(results, Path(args.out), models, note))
 
 
 if __name__ == "__main__":

@@ -68,3 +68,41 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
         lines += [f"| {s['sentence']} | {s['loss']:.3f} | {s['ppl']:.1f} |" for s in metrics["sentences"]]
     lines += ["", "![loss curve](loss_curve.png)", ""]
     return "\n".join(lines)
+
+
+def write_mlm_card(metrics: dict, command: str) -> str:
+    """Markdown model card of an EsperBERTo run: variant, data, command, held-out loss and accuracy."""
+    cfg, h = metrics["config"], metrics["heldout"]
+    data = Path(cfg["data"]).name if Path(cfg["data"]).is_dir() else cfg["data"]
+    normaliser = {
+        "softmax0": "standard softmax",
+        "softmax1": "softmax1, exp(x_i) / (1 + sum_j exp(x_j)) (Attention Is Off By One)",
+    }[metrics["variant"]]
+    return "\n".join(
+        [
+            f"# EsperBERTo ({metrics['variant']})",
+            "",
+            f"RoBERTa masked language model on Esperanto (`RobertaForMaskedLM`, preset `{metrics['preset']}`,",
+            f"{metrics['parameters']:,} parameters) whose attention normaliser is {normaliser}.",
+            "Load it with `import training.esperberto` first (that registers softmax1), then",
+            '`transformers.pipeline("fill-mask", model=<this folder>)` or `AutoModelForMaskedLM.from_pretrained`.',
+            "",
+            "## Training",
+            "",
+            f"- Data: `{data}`, every {cfg['holdout_every']}th line held out; blocks of {cfg['block_size']} tokens",
+            f"- Command: `{command}`",
+            f"- Steps: {metrics['steps']} x batch {cfg['batch_size']}, lr {cfg['lr']} (linear decay, warmup "
+            f"{cfg['warmup_steps']}), MLM probability {cfg['mlm_probability']}, seed {cfg['seed']}",
+            f"- Wall time: {metrics['wall_time_s'] / 60:.1f} min; final training loss {metrics['final_train_loss']}",
+            "",
+            "## Held-out evaluation",
+            "",
+            "| MLM loss | perplexity | top-1 accuracy | top-5 accuracy | masked tokens |",
+            "|---|---|---|---|---|",
+            f"| {h['mlm_loss']:.3f} | {h['perplexity']:.1f} | {h['top1_accuracy']:.3f} | {h['top5_accuracy']:.3f} "
+            f"| {h['masked_tokens']} |",
+            "",
+            "![loss curve](loss_curve.png)",
+            "",
+        ]
+    )

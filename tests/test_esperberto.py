@@ -1,0 +1,120 @@
+import json
+import math
+
+import pytest
+import torch
+from scipy.stats import kurtosis as scipy_kurtosis
+from transformers import AutoModelForMaskedLM
+
+from tests.conftest import TINY_WIKI
+from training.esperberto import build_model, make_config, save_model, softmax1_attention
+from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
+from training.esperberto.study import Moments, activation_study, excess_kurtosis, parameter_kurtosis
+from training.esperberto.train import MLMTrainConfig, evaluate_mlm, train_mlm
+
+
+def tiny(variant: str, seed: int = 0):
+    return build_model(make_config("tiny", variant, vocab_size=120), seed=seed).eval()
+
+
+@pytest.fixture(scope="module")
+def mlm_tokenizer():
+    train, _ = split_lines(read_corpus(str(TINY_WIKI)), 4)
+    return train_roberta_tokenizer(train, 300)
+
+
+def test_both_variants_start_from_identical_weights():
+    a, b = tiny("softmax0"), tiny("softmax1")
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a.config._attn_implementation == "sdpa" and b.config._attn_implementation == "softmax1"
+
+
+def test_softmax1_model_output_differs_from_softmax0_with_same_weights():
+    ids = torch.randint(5, 120, (2, 10))
+    with torch.no_grad():
+        assert not torch.allclose(tiny("softmax0")(ids).logits, tiny("softmax1")(ids).logits, atol=1e-4)
+
+
+def test_softmax1_attention_matches_hand_computation():
+    module = torch.nn.Module().eval()
+    q = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])  # (B=1, H=1, T=2, D=2)
+    k = torch.tensor([[[[1.0, 1.0], [2.0, 0.0]]]])
+    v = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    mask = torch.tensor([[[[0.0, torch.finfo(torch.float32).min]] * 2]])  # key 1 is padding
+    out, w = softmax1_attention(module, q, k, v, mask, scaling=1.0)
+    # query 0 sees key 0 only: score 1 -> e/(1+e); query 1: score 1 -> e/(1+e)
+    p = math.e / (1 + math.e)
+    torch.testing.assert_close(w[0, 0], torch.tensor([[p, 0.0], [p, 0.0]]))
+    torch.testing.assert_close(out[0, :, 0], torch.tensor([[p * 1, p * 2], [p * 1, p * 2]]))
+
+
+@pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
+def test_padding_does_not_change_real_token_logits(variant):
+    model = tiny(variant)
+    ids = torch.randint(5, 120, (1, 8))
+    padded = torch.cat([ids, torch.full((1, 4), model.config.pad_token_id)], dim=1)
+    mask = torch.cat([torch.ones(1, 8), torch.zeros(1, 4)], dim=1).long()
+    with torch.no_grad():
+        ref = model(ids).logits
+        out = model(padded, attention_mask=mask).logits[:, :8]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_save_load_round_trip_keeps_the_variant(tmp_path):
+    model = tiny("softmax1", seed=3)
+    save_model(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["attention_variant"] == "softmax1" and config["attn_implementation"] == "softmax1"
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert loaded.config._attn_implementation == "softmax1"
+    assert loaded.config.attention_variant == "softmax1"
+    ids = torch.randint(5, 120, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+def test_kurtosis_matches_scipy():
+    x = torch.distributions.StudentT(5.0).sample((4000,))
+    assert math.isclose(excess_kurtosis(x), scipy_kurtosis(x.numpy(), fisher=True, bias=True), rel_tol=1e-6)
+    m = Moments()
+    for chunk in x.split(700):
+        m.add(chunk)
+    assert math.isclose(m.kurtosis(), scipy_kurtosis(x.numpy(), fisher=True, bias=True), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
+def test_hooks_see_every_layer_and_every_position(variant):
+    model = tiny(variant)
+    blocks = torch.randint(5, 120, (5, 16))
+    r = activation_study(model, blocks, batch_size=2)
+    n_layer = model.config.num_hidden_layers
+    assert all(len(v) == n_layer for v in r["activations"].values())
+    assert r["activation_elements"] == blocks.numel() * model.config.hidden_size  # all samples, not the first
+    nothing = torch.tensor(r["nothing_mass"])
+    assert nothing.shape == (n_layer, model.config.num_attention_heads)
+    if variant == "softmax0":
+        assert nothing.abs().max() < 1e-6
+    else:
+        assert (nothing > 0).all()
+    assert model.config._attn_implementation == ("sdpa" if variant == "softmax0" else "softmax1")  # restored
+    assert len(parameter_kurtosis(model)["LayerNorm Weight"]) == n_layer
+
+
+def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
+    mlm_tokenizer.save_pretrained(tmp_path / "tok")
+    cfg = MLMTrainConfig(
+        data=str(TINY_WIKI), out=str(tmp_path / "run"), variant="softmax1", preset="tiny",
+        tokenizer=str(tmp_path / "tok"), block_size=32, holdout_every=4, batch_size=8, max_steps=40, lr=3e-3,
+        warmup_steps=4, eval_steps=20, bf16=False,
+        export=str(tmp_path / "store"),
+    )  # fmt: skip
+    metrics = train_mlm(cfg, command="test")
+    _, valid = split_lines(read_corpus(str(TINY_WIKI)), 4)
+    blocks = encode_blocks(valid, mlm_tokenizer, 32)
+    untrained = evaluate_mlm(
+        build_model(make_config("tiny", "softmax1", vocab_size=len(mlm_tokenizer))), mlm_tokenizer, blocks
+    )
+    assert metrics["heldout"]["mlm_loss"] < untrained["mlm_loss"] - 0.5
+    assert (tmp_path / "store" / "manifest.json").exists()
+    assert "top-5 accuracy" in (tmp_path / "store" / "README.md").read_text()
