@@ -1,4 +1,7 @@
-"""The model store: checkpoint folders beside this file, and the code that lists, validates and loads them."""
+"""The model store: checkpoint folders beside this file, and the code that lists, validates and loads them.
+
+The server reaches model code only through here.
+"""
 
 from model_store.store import (
     STORE_ROOT,
@@ -11,8 +14,12 @@ from model_store.store import (
     validate,
     write_checkpoint,
 )
+from training.model import GPT, GPTConfig, KVCache
 
 __all__ = [
+    "GPT",
+    "GPTConfig",
+    "KVCache",
     "STORE_ROOT",
     "CheckpointError",
     "CheckpointInfo",

@@ -97,6 +97,32 @@ class KVCache:
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
+    # Batch surgery for continuous batching: rows are right-aligned (left-padded), so every row's
+    # newest token sits in the last column and one forward pass serves rows of different lengths.
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (a finished request leaves the batch)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+
+    def trim_left(self, n: int) -> None:
+        """Drop the first n columns (padding that no remaining row needs)."""
+        self.keys = [k[:, :, n:] for k in self.keys]
+        self.values = [v[:, :, n:] for v in self.values]
+
+    @staticmethod
+    def concat(caches: list[KVCache]) -> KVCache:
+        """Stack caches along the batch, left-padding each with zeros to the longest."""
+        S = max(c.length for c in caches)
+
+        def stack(ts: list[torch.Tensor]) -> torch.Tensor:  # (b_i, H, S_i, D) -> (sum b_i, H, S, D)
+            return torch.cat([F.pad(t, (0, 0, S - t.shape[2], 0)) for t in ts])
+
+        out = KVCache(len(caches[0].keys))
+        out.keys = [stack([c.keys[i] for c in caches]) for i in range(len(out.keys))]
+        out.values = [stack([c.values[i] for c in caches]) for i in range(len(out.values))]
+        return out
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:

@@ -1,0 +1,1 @@
+"""Inference engine and HTTP API for the models in the model store."""

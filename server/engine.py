@@ -1,0 +1,295 @@
+"""Continuous-batching text generation for the from-scratch GPT.
+
+One worker thread owns the model. Between two decode steps it admits waiting requests (prefill, then
+join the running batch) and drops finished, cancelled or timed-out ones, so requests join and leave
+the batch independently. The batch's KV cache is right-aligned: every row's newest token is in the
+last column, older rows are left-padded, and per-row position ids and a padding mask make one
+forward pass correct for rows of different lengths.
+
+Results go back through a per-request callback (`sink`), which the HTTP layer points at an asyncio
+queue and synchronous callers at a plain queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tokenizers import Tokenizer
+
+from model_store import GPT, KVCache
+from server.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
+
+
+@dataclass
+class TokenEvent:
+    id: int
+    text: str  # text released by this token ('' while a stop sequence or a UTF-8 character is pending)
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class FinishEvent:
+    reason: str  # length | eos_token | stop_sequence | cancelled | timeout | error
+    text: str  # the whole generated text (stop sequence excluded)
+    generated_tokens: int
+    prompt_tokens: int
+    message: str = ""
+    tail: str = ""  # text held back until the end (a possible stop-sequence start, a partial character)
+
+
+Event = TokenEvent | FinishEvent
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at capacity: the caller should answer 429 with Retry-After."""
+
+
+class GenerationRequest:
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None], timeout_s: float | None
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.sink = sink
+        self.deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop at the next decode step (e.g. the client disconnected)."""
+        self.cancelled.set()
+
+
+class _Row:
+    """A request in the running batch."""
+
+    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
+        self.req = req
+        self.logits = logits  # (V,) raw logits for the next token
+        self.seen = list(req.prompt_ids)
+        self.generated: list[int] = []
+        self.length = len(req.prompt_ids)  # real tokens in the cache
+        self.max_new = max_new
+        self.stop = StopMatcher(req.params.stop)
+        self.decoded = ""  # text of `generated` fed to the stop matcher so far
+        self.generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
+
+
+@dataclass
+class EngineStats:
+    queued: int = 0
+    running: int = 0
+    tokens_generated: int = 0
+    requests_finished: int = 0
+    decode_steps: int = 0
+
+
+class GenerationEngine:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        eos_id: int,
+        max_batch_size: int = 32,
+        max_queue: int = 64,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        self.context_length = model.config.context_length
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.device = next(model.parameters()).device
+        self.stats = EngineStats()
+        self._waiting: collections.deque[GenerationRequest] = collections.deque()
+        self._rows: list[_Row] = []
+        self._cache: KVCache | None = None
+        self._mask: torch.Tensor | None = None  # (B, S) 1 = real token
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel everything and end the worker thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- submitting ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[Event], None],
+        timeout_s: float | None = None,
+    ) -> GenerationRequest:
+        """Queue a request; raises QueueFullError when the queue is full, ValueError on a bad prompt."""
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.context_length}")
+        req = GenerationRequest(prompt_ids, params, sink, timeout_s)
+        with self._wake:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"{len(self._waiting)} requests waiting (max_queue={self.max_queue})")
+            self._waiting.append(req)
+            self.stats.queued = len(self._waiting)
+            self._wake.notify()
+        return req
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._wake:
+                    while not self._stopping and not self._waiting and not self._rows:
+                        self._wake.wait()
+                    if self._stopping:
+                        break
+                    admitted = []
+                    while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
+                        admitted.append(self._waiting.popleft())
+                    self.stats.queued = len(self._waiting)
+                for req in admitted:
+                    self._admit(req)
+                try:
+                    self._step()
+                except Exception as e:  # e.g. out of memory: fail the batch, keep serving
+                    for row in self._rows:
+                        self._finish(row, "error", f"{type(e).__name__}: {e}")
+                    self._rows, self._cache, self._mask = [], None, None
+        for row in self._rows:
+            self._finish(row, "cancelled", "server shutting down")
+        for req in self._waiting:
+            req.sink(FinishEvent("cancelled", "", 0, len(req.prompt_ids), "server shutting down"))
+
+    def _admit(self, req: GenerationRequest) -> None:
+        """Prefill the prompt alone, then join its cache to the running batch."""
+        if req.cancelled.is_set():
+            req.sink(FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+            return
+        try:
+            cache = KVCache(self.model.config.n_layer)
+            ids = torch.tensor([req.prompt_ids], device=self.device)
+            logits = self.model(ids, kv_cache=cache).logits[0, -1].float().cpu()
+        except Exception as e:  # a failed prefill fails this request, not the engine
+            req.sink(FinishEvent("error", "", 0, len(req.prompt_ids), f"{type(e).__name__}: {e}"))
+            return
+        max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
+        self._rows.append(_Row(req, logits, max_new))
+        mask = torch.ones(1, len(req.prompt_ids), dtype=torch.long, device=self.device)
+        if self._cache is None:
+            self._cache, self._mask = cache, mask
+        else:
+            S = max(self._cache.length, cache.length)
+            self._cache = KVCache.concat([self._cache, cache])
+            self._mask = torch.cat(
+                [
+                    torch.nn.functional.pad(self._mask, (S - self._mask.shape[1], 0)),
+                    torch.nn.functional.pad(mask, (S - mask.shape[1], 0)),
+                ]
+            )
+
+    def _step(self) -> None:
+        """Choose one token for every row, retire finished rows, run one batched decode step."""
+        if not self._rows:
+            return
+        keep = []
+        for i, row in enumerate(self._rows):
+            if self._advance(row):
+                keep.append(i)
+        if len(keep) < len(self._rows):
+            self._rows = [self._rows[i] for i in keep]
+            if not self._rows:
+                self._cache, self._mask = None, None
+                return
+            idx = torch.tensor(keep, device=self.device)
+            self._cache.select(idx)
+            self._mask = self._mask.index_select(0, idx)
+            pad = int((self._mask.cumsum(1) == 0).sum(1).min())  # columns no remaining row needs
+            if pad:
+                self._cache.trim_left(pad)
+                self._mask = self._mask[:, pad:]
+        last = torch.tensor([[row.generated[-1]] for row in self._rows], device=self.device)
+        positions = torch.tensor([[row.length] for row in self._rows], device=self.device)
+        self._mask = torch.cat([self._mask, torch.ones_like(last)], dim=1)
+        logits = self.model(last, attention_mask=self._mask, position_ids=positions, kv_cache=self._cache).logits
+        logits = logits[:, -1].float().cpu()
+        for row, row_logits in zip(self._rows, logits, strict=True):
+            row.length += 1
+            row.logits = row_logits
+        self.stats.decode_steps += 1
+        self.stats.running = len(self._rows)
+
+    def _advance(self, row: _Row) -> bool:
+        """Sample the row's next token and report it; False when the row is finished."""
+        req, p = row.req, row.req.params
+        if req.cancelled.is_set():
+            self._finish(row, "cancelled")
+            return False
+        if req.deadline is not None and time.monotonic() > req.deadline:
+            self._finish(row, "timeout", "request exceeded its time limit")
+            return False
+        n = len(row.generated)
+        logits = process_logits(row.logits, p, torch.tensor(row.seen), n, self.eos_id)
+        token = choose_token(logits, p, row.generator)
+        logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
+        self.stats.tokens_generated += 1
+        if token == self.eos_id:
+            req.sink(TokenEvent(token, "", logprob, top))
+            self._finish(row, "eos_token")
+            return False
+        row.generated.append(token)
+        row.seen.append(token)
+        text = self.tokenizer.decode(row.generated)
+        new_text = ""
+        if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 character
+            new_text, row.decoded = text[len(row.decoded) :], text
+        released, stopped = row.stop.feed(new_text)
+        req.sink(TokenEvent(token, released, logprob, top))
+        if stopped:
+            self._finish(row, "stop_sequence")
+            return False
+        if len(row.generated) >= row.max_new:
+            self._finish(row, "length")
+            return False
+        return True
+
+    def _finish(self, row: _Row, reason: str, message: str = "") -> None:
+        tail = ""
+        if reason != "stop_sequence":  # release what was held back: undecoded bytes, stop-sequence prefixes
+            released, stopped = row.stop.feed(self.tokenizer.decode(row.generated)[len(row.decoded) :])
+            tail = released + ("" if stopped else row.stop.flush())
+            reason = "stop_sequence" if stopped else reason
+        self.stats.requests_finished += 1
+        prompt_tokens = len(row.req.prompt_ids)
+        row.req.sink(FinishEvent(reason, row.stop.text, len(row.generated), prompt_tokens, message, tail))
+
+    # -- synchronous use (tests, command line, Cog) --------------------------------------------
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None
+    ) -> tuple[list[TokenEvent], FinishEvent]:
+        """Submit and wait: every token event, then the finish event."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.submit(prompt_ids, params, events.put, timeout_s)
+        tokens = []
+        while not isinstance(event := events.get(), FinishEvent):
+            tokens.append(event)
+        return tokens, event

@@ -1,0 +1,167 @@
+import statistics
+import threading
+import time
+
+import pytest
+
+from server.engine import FinishEvent, GenerationEngine, QueueFullError
+from server.sampling import SamplingParams
+from tests.conftest import tiny_gpt
+from training.tokenizer import eos_id
+
+
+@pytest.fixture
+def engine(tiny_tokenizer):
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=64)
+    eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_queue=16)
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def prompt(engine, text="The castle was built in"):
+    return engine.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_greedy_generation_reports_tokens_and_finish(engine):
+    tokens, fin = engine.generate(
+        prompt(engine), SamplingParams(max_new_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    )
+    assert fin.reason in {"length", "eos_token"} and fin.generated_tokens == len(
+        [t for t in tokens if t.id != engine.eos_id]
+    )
+    assert fin.text == "".join(t.text for t in tokens) + fin.tail
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 for t in tokens)
+    assert fin.prompt_tokens == len(prompt(engine))
+
+
+def test_same_seed_same_output(engine):
+    p = SamplingParams(max_new_tokens=20, temperature=1.0, seed=123, eos_bias=float("-inf"))
+    a = engine.generate(prompt(engine), p)[1].text
+    b = engine.generate(prompt(engine), p)[1].text
+    c = engine.generate(prompt(engine), SamplingParams(max_new_tokens=20, seed=124, eos_bias=float("-inf")))[1].text
+    assert a == b and a != c
+
+
+def test_continuous_batching_gives_the_same_tokens_as_running_alone(engine):
+    """Requests that join and leave around a request never change its output."""
+    greedy = SamplingParams(max_new_tokens=30, temperature=0, eos_bias=float("-inf"))
+    alone = [t.id for t in engine.generate(prompt(engine), greedy)[0]]
+    results: dict[int, list[int]] = {}
+
+    def run(i: int, text: str, n: int, delay: float) -> None:
+        time.sleep(delay)
+        params = SamplingParams(max_new_tokens=n, temperature=0, eos_bias=float("-inf"))
+        results[i] = [t.id for t in engine.generate(prompt(engine, text), params)[0]]
+
+    threads = [
+        threading.Thread(target=run, args=(0, "A short one", 5, 0.0)),
+        threading.Thread(target=run, args=(1, "The castle was built in", 30, 0.01)),
+        threading.Thread(target=run, args=(2, "The museum was opened in 1850 , by workers from the valley", 12, 0.03)),
+        threading.Thread(target=run, args=(3, "River", 25, 0.05)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[1] == alone
+    assert engine.stats.decode_steps > 0
+
+
+def test_eos_bias_changes_output_length(engine):
+    """More negative EOS bias -> longer outputs on average; -inf never stops; a huge bias stops at once."""
+    base = {eos_id(engine.tokenizer): 6.0}  # make this untrained model want to stop, then push back
+
+    def mean_length(bias: float) -> float:
+        lengths = [
+            engine.generate(prompt(engine), SamplingParams(max_new_tokens=40, seed=s, logit_bias=base, eos_bias=bias))[
+                1
+            ].generated_tokens
+            for s in range(12)
+        ]
+        return statistics.mean(lengths)
+
+    short, longer = mean_length(0.0), mean_length(-6.0)
+    assert longer > short + 2
+    never = engine.generate(prompt(engine), SamplingParams(max_new_tokens=15, logit_bias=base, eos_bias=float("-inf")))[
+        1
+    ]
+    assert never.reason == "length" and never.generated_tokens == 15
+    now = engine.generate(prompt(engine), SamplingParams(max_new_tokens=15, eos_bias=1e4))[1]
+    assert now.reason == "eos_token" and now.generated_tokens == 0
+
+
+def test_eos_bias_decay_relaxes_the_penalty(engine):
+    base = {eos_id(engine.tokenizer): 6.0}
+    fixed = SamplingParams(max_new_tokens=40, seed=1, logit_bias=base, eos_bias=-12.0)
+    relaxing = SamplingParams(
+        max_new_tokens=40, seed=1, logit_bias=base, eos_bias=-12.0, eos_bias_decay=0.5, eos_bias_start=3
+    )
+    assert (
+        engine.generate(prompt(engine), relaxing)[1].generated_tokens
+        < engine.generate(prompt(engine), fixed)[1].generated_tokens
+    )
+
+
+def test_min_new_tokens(engine):
+    fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=20, min_new_tokens=7, eos_bias=1e4))[1]
+    assert fin.generated_tokens == 7 and fin.reason == "eos_token"
+
+
+def test_stop_sequence_across_token_boundaries(engine):
+    greedy = SamplingParams(max_new_tokens=30, temperature=0, eos_bias=float("-inf"))
+    text = engine.generate(prompt(engine), greedy)[1].text
+    stop = text[5:9]  # four characters, usually spanning tokens
+    tokens, fin = engine.generate(
+        prompt(engine), SamplingParams(max_new_tokens=30, temperature=0, eos_bias=float("-inf"), stop=[stop])
+    )
+    assert fin.reason == "stop_sequence"
+    assert fin.text == text[: text.index(stop)]
+    assert "".join(t.text for t in tokens) == fin.text  # nothing of the stop sequence was streamed
+
+
+def test_cancel_stops_generation(engine):
+    events = []
+    done = threading.Event()
+
+    def sink(e):
+        events.append(e)
+        if isinstance(e, FinishEvent):
+            done.set()
+
+    req = engine.submit(prompt(engine), SamplingParams(max_new_tokens=60, eos_bias=float("-inf")), sink)
+    req.cancel()
+    assert done.wait(10)
+    assert events[-1].reason == "cancelled" and events[-1].generated_tokens < 60
+
+
+def test_timeout(engine):
+    fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=60, eos_bias=float("-inf")), timeout_s=1e-6)[1]
+    assert fin.reason == "timeout" and "time limit" in fin.message
+
+
+def test_queue_full_and_bad_prompts(tiny_tokenizer):
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), context_length=16)
+    eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_queue=2)  # not started: nothing drains
+    for _ in range(2):
+        eng.submit([5, 6], SamplingParams(), lambda e: None)
+    with pytest.raises(QueueFullError):
+        eng.submit([5, 6], SamplingParams(), lambda e: None)
+    with pytest.raises(ValueError, match="empty"):
+        eng.submit([], SamplingParams(), lambda e: None)
+    with pytest.raises(ValueError, match="context is 16"):
+        eng.submit(list(range(5, 21)), SamplingParams(), lambda e: None)
+
+
+def test_generation_stops_at_the_context_length(engine):
+    fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=1000, eos_bias=float("-inf")))[1]
+    assert fin.reason == "length" and fin.generated_tokens == 64 - len(prompt(engine))
+
+
+def test_engine_survives_a_failing_request(engine):
+    fin = engine.generate([10**6], SamplingParams(max_new_tokens=3))[1]  # token id out of range: prefill fails
+    assert fin.reason == "error"
+    assert (
+        engine.generate(prompt(engine), SamplingParams(max_new_tokens=3, eos_bias=float("-inf")))[1].generated_tokens
+        == 3
+    )
