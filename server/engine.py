@@ -32,6 +32,7 @@ class TokenEvent:
     text: str  # text released by this token ('' while a stop sequence or a UTF-8 character is pending)
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    last: bool = False  # the generation ends with this token (a FinishEvent follows at once)
 
 
 @dataclass
@@ -252,7 +253,7 @@ class GenerationEngine:
         logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
         self.stats.tokens_generated += 1
         if token == self.eos_id:
-            req.sink(TokenEvent(token, "", logprob, top))
+            req.sink(TokenEvent(token, "", logprob, top, last=True))
             self._finish(row, "eos_token")
             return False
         row.generated.append(token)
@@ -262,12 +263,10 @@ class GenerationEngine:
         if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 character
             new_text, row.decoded = text[len(row.decoded) :], text
         released, stopped = row.stop.feed(new_text)
-        req.sink(TokenEvent(token, released, logprob, top))
-        if stopped:
-            self._finish(row, "stop_sequence")
-            return False
-        if len(row.generated) >= row.max_new:
-            self._finish(row, "length")
+        at_length = len(row.generated) >= row.max_new
+        req.sink(TokenEvent(token, released, logprob, top, last=stopped or at_length))
+        if stopped or at_length:
+            self._finish(row, "stop_sequence" if stopped else "length")
             return False
         return True
 

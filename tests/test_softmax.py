@@ -18,9 +18,10 @@ def test_softmax1_hand_computed():
 
 
 def test_softmax1_rows_sum_below_one():
-    x = torch.randn(100, 16) * 5
+    x = torch.randn(100, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 5
     s = softmax1(x).sum(-1)
     assert (s < 1).all() and (s > 0).all()
+    torch.testing.assert_close(1 - s, 1 / (1 + torch.exp(x).sum(-1)))  # the rest is the mass on "nothing"
     # with one dominant logit the row sum approaches, but never reaches, 1
     assert softmax1(torch.tensor([50.0, 0.0])).sum() <= 1
 

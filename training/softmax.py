@@ -12,9 +12,14 @@ import torch
 SoftmaxFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 -> fp32 for the arithmetic; fp32 and fp64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Standard softmax computed in fp32; a row that is entirely -inf yields zeros, not NaN."""
-    xf = x.float()
+    """Standard softmax computed in (at least) fp32; a row that is entirely -inf yields zeros, not NaN."""
+    xf = _upcast(x)
     m = xf.amax(dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(xf - m)
@@ -27,9 +32,9 @@ def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Shifting by m = max(0, max_j x_j) gives exp(x_i - m) / (exp(-m) + sum_j exp(x_j - m)): no term
     overflows, the denominator is at least exp(-m) > 0 or 1, so rows of huge, very negative or fully
-    masked (-inf) scores never produce NaN. Computed in fp32 and cast back to the input dtype.
+    masked (-inf) scores never produce NaN. Computed in (at least) fp32, returned in the input dtype.
     """
-    xf = x.float()
+    xf = _upcast(x)
     m = xf.amax(dim, keepdim=True).clamp_min(0.0)
     e = torch.exp(xf - m)
     return (e / (torch.exp(-m) + e.sum(dim, keepdim=True))).to(x.dtype)

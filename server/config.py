@@ -1,0 +1,32 @@
+"""Server configuration, from environment variables (prefix TINYSERVE_) or keyword arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model_store import STORE_ROOT
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TINYSERVE_", env_nested_delimiter="__")
+
+    host: str = Field("127.0.0.1", description="interface to bind")
+    port: int = Field(8000, ge=1, le=65535)
+    store: Path = Field(STORE_ROOT, description="model store folder")
+    models: list[str] | None = Field(None, description="model ids to load (default: every valid checkpoint)")
+    device: str = Field("auto", description="auto (CUDA when present), cpu, cuda, cuda:N")
+    dtype: str = Field("auto", description="auto (float16 on CUDA, float32 on CPU), float32, float16, bfloat16")
+    max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
+    max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
+    max_new_tokens_cap: int = Field(256, ge=1, description="upper bound on max_new_tokens")
+    max_prompt_chars: int = Field(20_000, ge=1, description="longer prompts are refused (422)")
+    truncate_prompt: bool = Field(False, description="over-long prompts (in tokens): keep the last tokens instead of refusing")
+    request_timeout_s: float = Field(60.0, gt=0, description="per-request time limit")
+    default_eos_bias: float = Field(0.0, description="EOS logit bias used when a request gives none")
+    api_token: SecretStr | None = Field(None, description="when set, requests need 'Authorization: Bearer <token>'")
+    auth_exempt: list[str] = Field(["/health", "/metrics"], description="paths that never need the token")
+    cors_origins: list[str] = Field([], description="allowed CORS origins (closed by default)")
+    max_body_bytes: int = Field(1_000_000, ge=1, description="larger request bodies get 413")

@@ -1,0 +1,121 @@
+"""The models being served: loaded from the store at start-up, with the reasons for any refusal."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
+from server.config import Settings
+from server.engine import GenerationEngine
+from server.sampling import SamplingParams
+
+log = logging.getLogger("tinyserve")
+
+
+class UnknownModelError(LookupError):
+    """No servable model by that id (the HTTP layer answers 404)."""
+
+
+@dataclass
+class ServedModel:
+    id: str
+    kind: str  # "gpt" (completion, score, attention) or "roberta-mlm" (fill-mask, attention)
+    model: torch.nn.Module
+    tokenizer: object  # tokenizers.Tokenizer for gpt, a transformers tokenizer for roberta-mlm
+    folder: Path
+    config: dict
+    engine: GenerationEngine | None = None
+    variant: str = "softmax"  # attention normaliser
+    card: str = ""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+@dataclass
+class ModelRegistry:
+    settings: Settings
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # id -> why it is not served
+
+    def load_all(self) -> None:
+        """Load every requested checkpoint; a bad one is refused (and reported), the others serve."""
+        device = resolve_device(self.settings.device)
+        dtype = resolve_dtype(self.settings.dtype, device)
+        wanted = set(self.settings.models) if self.settings.models else None
+        found = {info.id: info for info in list_checkpoints(self.settings.store)}
+        for missing in (wanted or set()) - set(found):
+            self.failed[missing] = f"{missing}: no such checkpoint in the model store"
+        for info in found.values():
+            if wanted is not None and info.id not in wanted:
+                continue
+            try:
+                if not info.ok:
+                    raise CheckpointError(info.path, info.error or "invalid")
+                self.models[info.id] = self._load(info.id, info.path, info.architecture, device, dtype)
+                log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
+            except CheckpointError as e:
+                self.failed[info.id] = str(e)
+                log.error("refused %s: %s", info.id, e)
+
+    def _load(self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype) -> ServedModel:
+        card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
+        if arch == "gpt":
+            model, tok = load_gpt(folder, device, dtype)
+            engine = GenerationEngine(
+                model, tok, model.config.eos_token_id, self.settings.max_batch_size, self.settings.max_queue
+            )
+            return ServedModel(model_id, "gpt", model, tok, folder, model.config.to_dict(), engine, model.config.softmax, card)
+        if arch == "roberta-mlm":
+            model, tok = load_mlm(folder, device, dtype)
+            variant = getattr(model.config, "attention_variant", "softmax0")
+            return ServedModel(model_id, "roberta-mlm", model, tok, folder, model.config.to_dict(), None, variant, card)
+        raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
+
+    def start(self) -> None:
+        """Start the engines and warm every model up with one tiny request."""
+        for m in self.models.values():
+            if m.engine is not None:
+                m.engine.start()
+                m.engine.generate([m.model.config.eos_token_id], SamplingParams(max_new_tokens=2, temperature=0))
+            else:
+                with torch.inference_mode():
+                    ids = m.tokenizer("warm up", return_tensors="pt").to(next(m.model.parameters()).device)
+                    m.model(**ids)
+
+    def stop(self) -> None:
+        for m in self.models.values():
+            if m.engine is not None:
+                m.engine.stop()
+
+    def get(self, model_id: str, kind: str | None = None) -> ServedModel:
+        try:
+            resolve(model_id, self.settings.store)  # plain names only: never a path
+        except CheckpointError:
+            raise UnknownModelError(f"model {model_id!r} is not a valid model id") from None
+        m = self.models.get(model_id)
+        if m is None:
+            why = self.failed.get(model_id)
+            raise UnknownModelError(f"model {model_id!r} is not served" + (f" ({why})" if why else ""))
+        if kind is not None and m.kind != kind:
+            raise UnknownModelError(f"model {model_id!r} is a {m.kind} model; this endpoint needs a {kind} model")
+        return m
+
+    def default(self, kind: str) -> ServedModel:
+        for m in self.models.values():
+            if m.kind == kind:
+                return m
+        raise UnknownModelError(f"no {kind} model is served")

@@ -1,0 +1,118 @@
+"""Completion requests in the text-generation-inference (TGI) wire format, plus our extensions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+FinishReason = Literal["length", "eos_token", "stop_sequence"]
+
+
+class EosControls(BaseModel):
+    """EOS downweighting, shared by the TGI and OpenAI formats (our extension)."""
+
+    eos_bias: float | None = Field(
+        None,
+        description="Added to the end-of-text logit. Negative = longer outputs; -1e9 or less = never stop "
+        "(JSON has no -inf). Default: the server's configured default.",
+        le=100.0,
+    )
+    eos_bias_decay: float | None = Field(
+        None, gt=0.0, le=1.0, description="Relax the EOS bias by this factor per generated token (after eos_bias_start)."
+    )
+    eos_bias_start: int = Field(0, ge=0, le=100_000, description="Generated tokens before the EOS bias starts to relax.")
+    min_new_tokens: int = Field(0, ge=0, le=100_000, description="The end-of-text token is impossible before this many tokens.")
+
+
+class GenerateParameters(EosControls):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="Model id from GET /models (default: the first completion model).")
+    max_new_tokens: int = Field(20, ge=1, description="Tokens to generate at most (capped by the server).")
+    do_sample: bool = Field(False, description="Sample; false = greedy decoding (as TGI).")
+    temperature: float | None = Field(None, gt=0.0, le=100.0, description="Softmax temperature (> 0) when sampling.")
+    top_k: int | None = Field(None, gt=0, description="Sample among the k most likely tokens.")
+    top_p: float | None = Field(None, gt=0.0, lt=1.0, description="Nucleus sampling: smallest set with this mass.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="> 1 discourages repeats (CTRL).")
+    stop: list[str] = Field([], max_length=16, description="Stop sequences, matched on text (excluded from output).")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed and inputs give the same output.")
+    logit_bias: dict[int, float] = Field({}, description="Token id -> additive logit bias in [-100, 100].")
+    details: bool = Field(False, description="Return finish reason, token ids, texts and logprobs.")
+    top_n_tokens: int | None = Field(None, ge=1, le=10, description="Also return this many most likely alternatives.")
+    return_full_text: bool = Field(False, description="Prepend the prompt to generated_text.")
+    decoder_input_details: bool = Field(False, description="Accepted for TGI compatibility; prefill details are not returned.")
+    truncate: int | None = Field(None, ge=1, description="Keep only the last N prompt tokens.")
+    watermark: bool = Field(False, description="Not supported: must be false.")
+    best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
+    typical_p: float | None = Field(None, description="Not supported: must be null.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: list[str]) -> list[str]:
+        if any(not s or len(s) > 200 for s in v):
+            raise ValueError("each stop sequence must have 1 to 200 characters")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
+        if len(v) > 300 or any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("at most 300 entries, each bias in [-100, 100]")
+        return v
+
+    @field_validator("watermark")
+    @classmethod
+    def _no_watermark(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("watermarking is not supported")
+        return v
+
+    @field_validator("typical_p")
+    @classmethod
+    def _no_typical(cls, v: float | None) -> float | None:
+        if v is not None:
+            raise ValueError("typical_p is not supported")
+        return v
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: str = Field(..., min_length=1, description="The prompt.")
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+    stream: bool = Field(False, description="Accepted for TGI compatibility; use POST /generate_stream to stream.")
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None
+    special: bool = False
+
+
+class Details(BaseModel):
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[Token] = []
+    tokens: list[Token] = []
+    top_tokens: list[list[Token]] | None = None
+
+
+class GenerateResponse(BaseModel):
+    generated_text: str
+    details: Details | None = None
+
+
+class StreamDetails(BaseModel):
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None = None
+
+
+class StreamResponse(BaseModel):
+    token: Token
+    top_tokens: list[Token] | None = None
+    generated_text: str | None = None
+    details: StreamDetails | None = None
