@@ -23,7 +23,9 @@ class Settings(BaseSettings):
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
     max_new_tokens_cap: int = Field(256, ge=1, description="upper bound on max_new_tokens")
     max_prompt_chars: int = Field(20_000, ge=1, description="longer prompts are refused (422)")
-    truncate_prompt: bool = Field(False, description="over-long prompts (in tokens): keep the last tokens instead of refusing")
+    truncate_prompt: bool = Field(
+        False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
+    )
     request_timeout_s: float = Field(60.0, gt=0, description="per-request time limit")
     default_eos_bias: float = Field(0.0, description="EOS logit bias used when a request gives none")
     api_token: SecretStr | None = Field(None, description="when set, requests need 'Authorization: Bearer <token>'")

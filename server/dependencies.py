@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import Request
+from typing import Annotated
+
+from fastapi import Depends, Request
 
 from server.config import Settings
 from server.errors import APIError
@@ -15,6 +17,10 @@ def get_registry(request: Request) -> ModelRegistry:
 
 def get_settings(request: Request) -> Settings:
     return request.app.state.settings
+
+
+Registry = Annotated[ModelRegistry, Depends(get_registry)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
 
 
 def find_model(registry: ModelRegistry, model_id: str | None, kind: str, field: str) -> ServedModel:

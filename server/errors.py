@@ -12,7 +12,13 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, field: str | None = None, error_type: str = "validation",
                  headers: dict[str, str] | None = None) -> None:  # fmt: skip
         super().__init__(message)
-        self.status, self.message, self.field, self.error_type, self.headers = status, message, field, error_type, headers
+        self.status, self.message, self.field, self.error_type, self.headers = (
+            status,
+            message,
+            field,
+            error_type,
+            headers,
+        )
 
 
 def error_body(message: str, error_type: str, field: str | None = None) -> dict:

@@ -81,7 +81,9 @@ async def events(
         req = m.engine.submit(prompt_ids, params, lambda e: loop.call_soon_threadsafe(queue.put_nowait, e),
                               settings.request_timeout_s)  # fmt: skip
     except QueueFullError as e:
-        raise APIError(429, f"server busy: {e}; retry later", None, "overloaded", {"Retry-After": RETRY_AFTER_S}) from None
+        raise APIError(
+            429, f"server busy: {e}; retry later", None, "overloaded", {"Retry-After": RETRY_AFTER_S}
+        ) from None
     try:
         while True:
             try:
@@ -91,7 +93,9 @@ async def events(
                     return
                 continue
             if isinstance(event, FinishEvent) and event.reason == "timeout":
-                raise APIError(408, f"request exceeded its time limit of {settings.request_timeout_s} s", None, "timeout")
+                raise APIError(
+                    408, f"request exceeded its time limit of {settings.request_timeout_s} s", None, "timeout"
+                )
             if isinstance(event, FinishEvent) and event.reason in ("error", "cancelled"):
                 raise APIError(503, f"generation failed: {event.message or event.reason}", None, "generation")
             yield event

@@ -71,14 +71,18 @@ class ModelRegistry:
                 self.failed[info.id] = str(e)
                 log.error("refused %s: %s", info.id, e)
 
-    def _load(self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype) -> ServedModel:
+    def _load(
+        self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
+    ) -> ServedModel:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
         if arch == "gpt":
             model, tok = load_gpt(folder, device, dtype)
             engine = GenerationEngine(
                 model, tok, model.config.eos_token_id, self.settings.max_batch_size, self.settings.max_queue
             )
-            return ServedModel(model_id, "gpt", model, tok, folder, model.config.to_dict(), engine, model.config.softmax, card)
+            return ServedModel(
+                model_id, "gpt", model, tok, folder, model.config.to_dict(), engine, model.config.softmax, card
+            )
         if arch == "roberta-mlm":
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
 from server.config import Settings
-from server.dependencies import find_model, get_registry, get_settings
+from server.dependencies import AppSettings, Registry, find_model
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, error_body
 from server.generation import check_logit_bias, encode_prompt, events, sampling_params
@@ -47,8 +47,9 @@ def top_tokens(m, e: TokenEvent) -> list[Token]:
 
 
 @router.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)
-async def generate(body: GenerateRequest, request: Request, registry: ModelRegistry = Depends(get_registry),
-                   settings: Settings = Depends(get_settings)) -> GenerateResponse:  # fmt: skip
+async def generate(
+    body: GenerateRequest, request: Request, registry: Registry, settings: AppSettings
+) -> GenerateResponse:
     """Complete `inputs`; with `parameters.details`, also the finish reason and per-token logprobs."""
     m, ids, params = prepare(body, registry, settings)
     tokens: list[Token] = []
@@ -72,8 +73,7 @@ async def generate(body: GenerateRequest, request: Request, registry: ModelRegis
 
 
 @router.post("/generate_stream", response_class=EventSourceResponse)
-async def generate_stream(body: GenerateRequest, registry: ModelRegistry = Depends(get_registry),
-                          settings: Settings = Depends(get_settings)) -> EventSourceResponse:  # fmt: skip
+async def generate_stream(body: GenerateRequest, registry: Registry, settings: AppSettings) -> EventSourceResponse:
     """Server-sent events, one per token (`data: {"token": ...}`); the last carries generated_text and
     details. Errors after the stream started arrive as `data: {"error": ..., "error_type": ...}`."""
     m, ids, params = prepare(body, registry, settings)
@@ -84,15 +84,26 @@ async def generate_stream(body: GenerateRequest, registry: ModelRegistry = Depen
         try:
             async for e in events(m, ids, params, settings):
                 if isinstance(e, TokenEvent) and not e.last:
-                    yield {"data": StreamResponse(token=tgi_token(m, e), top_tokens=top(e)).model_dump_json(exclude_none=True)}
+                    yield {
+                        "data": StreamResponse(token=tgi_token(m, e), top_tokens=top(e)).model_dump_json(
+                            exclude_none=True
+                        )
+                    }
                 elif isinstance(e, TokenEvent):
                     last = e
                 else:
                     final = last or TokenEvent(m.model.config.eos_token_id, "")
                     final.text += e.tail
-                    details = StreamDetails(finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=body.parameters.seed)
-                    yield {"data": StreamResponse(token=tgi_token(m, final), top_tokens=top(final), generated_text=prefix + e.text,
-                                                  details=details).model_dump_json(exclude_none=True)}  # fmt: skip
+                    details = StreamDetails(
+                        finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=body.parameters.seed
+                    )
+                    response = StreamResponse(
+                        token=tgi_token(m, final),
+                        top_tokens=top(final),
+                        generated_text=prefix + e.text,
+                        details=details,
+                    )
+                    yield {"data": response.model_dump_json(exclude_none=True)}
         except APIError as err:
             yield {"data": json.dumps(error_body(err.message, err.error_type, err.field))}
 

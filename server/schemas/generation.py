@@ -19,10 +19,17 @@ class EosControls(BaseModel):
         le=100.0,
     )
     eos_bias_decay: float | None = Field(
-        None, gt=0.0, le=1.0, description="Relax the EOS bias by this factor per generated token (after eos_bias_start)."
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Relax the EOS bias by this factor per generated token (after eos_bias_start).",
     )
-    eos_bias_start: int = Field(0, ge=0, le=100_000, description="Generated tokens before the EOS bias starts to relax.")
-    min_new_tokens: int = Field(0, ge=0, le=100_000, description="The end-of-text token is impossible before this many tokens.")
+    eos_bias_start: int = Field(
+        0, ge=0, le=100_000, description="Generated tokens before the EOS bias starts to relax."
+    )
+    min_new_tokens: int = Field(
+        0, ge=0, le=100_000, description="The end-of-text token is impossible before this many tokens."
+    )
 
 
 class GenerateParameters(EosControls):
@@ -41,7 +48,9 @@ class GenerateParameters(EosControls):
     details: bool = Field(False, description="Return finish reason, token ids, texts and logprobs.")
     top_n_tokens: int | None = Field(None, ge=1, le=10, description="Also return this many most likely alternatives.")
     return_full_text: bool = Field(False, description="Prepend the prompt to generated_text.")
-    decoder_input_details: bool = Field(False, description="Accepted for TGI compatibility; prefill details are not returned.")
+    decoder_input_details: bool = Field(
+        False, description="Accepted for TGI compatibility; prefill details are not returned."
+    )
     truncate: int | None = Field(None, ge=1, description="Keep only the last N prompt tokens.")
     watermark: bool = Field(False, description="Not supported: must be false.")
     best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")

@@ -1,0 +1,74 @@
+"""The FastAPI application: `uvicorn server.app:app` or `python -m server`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+
+from server.config import Settings
+from server.errors import install_error_handlers
+from server.metrics import Metrics
+from server.middleware import BearerAuth, BodySizeLimit
+from server.registry import ModelRegistry
+from server.routers import generate, models
+
+log = logging.getLogger("tinyserve")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    registry = ModelRegistry(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        registry.load_all()
+        registry.start()  # engines + warm-up
+        app.state.ready = True
+        log.info("ready: %s (refused: %s)", sorted(registry.models), sorted(registry.failed) or "none")
+        yield
+        app.state.ready = False
+        registry.stop()
+
+    app = FastAPI(
+        title="tinyserve",
+        summary="Small transformers behind an API: completion (TGI and OpenAI formats), fill-mask, attention maps.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.registry, app.state.ready = settings, registry, False
+    app.state.metrics = metrics = Metrics(registry.models)
+    install_error_handlers(app)
+    app.include_router(models.router)
+    app.include_router(generate.router)
+
+    @app.middleware("http")
+    async def record(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = route.path if route is not None else "unmatched"  # bounded label values
+        metrics.requests.labels(path, str(response.status_code)).inc()
+        metrics.latency.labels(path).observe(time.perf_counter() - start)
+        return response
+
+    # outermost last: size cap, then auth, then CORS (so preflights and 401s carry CORS headers)
+    if settings.api_token is not None:
+        app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value(), exempt=settings.auth_exempt)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+    return app
+
+
+def __getattr__(name: str):
+    """`uvicorn server.app:app` builds the app from the environment on first access."""
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError(name)

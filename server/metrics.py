@@ -1,0 +1,38 @@
+"""Prometheus metrics (prometheus-client), one registry per app.
+
+HTTP counts and latencies are recorded per request; engine figures (queue, batch, tokens) are read
+from the engines when /metrics is scraped, by a custom collector.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class EngineCollector(Collector):
+    def __init__(self, models: dict) -> None:
+        self.models = models
+
+    def collect(self):
+        queue = GaugeMetricFamily("tinyserve_queue_size", "requests waiting for a batch slot", labels=["model"])
+        batch = GaugeMetricFamily("tinyserve_batch_size", "requests in the running batch", labels=["model"])
+        tokens = CounterMetricFamily("tinyserve_tokens_generated", "tokens generated", labels=["model"])
+        steps = CounterMetricFamily("tinyserve_decode_steps", "batched decode steps", labels=["model"])
+        for m in self.models.values():
+            if m.engine is not None:
+                queue.add_metric([m.id], m.engine.stats.queued)
+                batch.add_metric([m.id], m.engine.stats.running)
+                tokens.add_metric([m.id], m.engine.stats.tokens_generated)
+                steps.add_metric([m.id], m.engine.stats.decode_steps)
+        yield from (queue, batch, tokens, steps)
+
+
+class Metrics:
+    def __init__(self, models: dict) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("tinyserve_requests", "HTTP requests", ["path", "status"], registry=self.registry)
+        self.latency = Histogram("tinyserve_request_seconds", "HTTP request latency", ["path"], registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))  # fmt: skip
+        self.registry.register(EngineCollector(models))

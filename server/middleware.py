@@ -1,0 +1,66 @@
+"""Pure-ASGI middleware: request body size cap and optional bearer-token auth."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import error_body
+
+
+async def _reject(send: Send, status: int, message: str, error_type: str, headers: list | None = None) -> None:
+    body = json.dumps(error_body(message, error_type)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodySizeLimit:
+    """413 for bodies over the cap, whether announced by Content-Length or streamed in chunks."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await _reject(send, 413, f"request body over {self.max_bytes} bytes", "too_large")
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except BodyTooLarge:
+            await _reject(send, 413, f"request body over {self.max_bytes} bytes", "too_large")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BearerAuth:
+    """When a token is configured, every path but the exempt ones needs `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: ASGIApp, token: str, exempt: list[str]) -> None:
+        self.app, self.token, self.exempt = app, token.encode(), set(exempt)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        auth = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, given = auth.partition(b" ")
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.token):
+            return await _reject(send, 401, "missing or wrong bearer token (header Authorization: Bearer <token>)",
+                                 "unauthorized", [(b"www-authenticate", b"Bearer")])  # fmt: skip
+        await self.app(scope, receive, send)

@@ -1,0 +1,68 @@
+"""GET /models, /models/{id}, /health, /info, /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.dependencies import AppSettings, Registry
+from server.errors import APIError
+from server.registry import ServedModel, UnknownModelError
+from server.schemas.models import Health, Info, ModelCard, ModelSummary
+
+router = APIRouter(tags=["models and service"])
+
+TASKS = {"gpt": ["generate", "completions", "score", "attention"], "roberta-mlm": ["fill-mask", "attention"]}
+
+
+def summary(m: ServedModel) -> ModelSummary:
+    c = m.config
+    return ModelSummary(
+        id=m.id, kind=m.kind, tasks=TASKS[m.kind], attention=m.variant,
+        parameters=sum(p.numel() for p in m.model.parameters()),
+        layers=c.get("n_layer") or c.get("num_hidden_layers"), heads=c.get("n_head") or c.get("num_attention_heads"),
+        context_length=c.get("context_length") or c.get("max_position_embeddings"),
+    )  # fmt: skip
+
+
+@router.get("/models", response_model=list[ModelSummary])
+async def list_models(registry: Registry) -> list[ModelSummary]:
+    """Every served model with its task list and attention variant."""
+    return [summary(m) for m in registry.models.values()]
+
+
+@router.get("/models/{model_id}", response_model=ModelCard)
+async def get_model(model_id: str, registry: Registry) -> ModelCard:
+    """A model's summary, configuration and model card (markdown)."""
+    try:
+        m = registry.get(model_id)
+    except UnknownModelError as e:
+        raise APIError(404, f"model_id: {e}", "model_id", "not_found") from None
+    return ModelCard(**summary(m).model_dump(), config=m.config, card=m.card)
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+async def health(request: Request, registry: Registry) -> JSONResponse:
+    """200 once the models are loaded and warmed up, 503 before; lists refused checkpoints."""
+    ready = bool(getattr(request.app.state, "ready", False))
+    body = Health(status="ok" if ready else "loading", models=list(registry.models), failed=registry.failed)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+@router.get("/info", response_model=Info)
+async def info(registry: Registry, settings: AppSettings) -> Info:
+    """Service limits and devices (TGI's /info, extended)."""
+    devices = sorted({str(next(m.model.parameters()).device) for m in registry.models.values()})
+    return Info(
+        models=list(registry.models), devices=devices, max_batch_size=settings.max_batch_size,
+        max_queue=settings.max_queue, max_new_tokens_cap=settings.max_new_tokens_cap,
+        max_prompt_chars=settings.max_prompt_chars, request_timeout_s=settings.request_timeout_s,
+        default_eos_bias=settings.default_eos_bias, auth=settings.api_token is not None,
+    )  # fmt: skip
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

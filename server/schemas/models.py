@@ -1,0 +1,39 @@
+"""Models and service responses."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ModelSummary(BaseModel):
+    id: str
+    kind: str = Field(description="gpt (completion) or roberta-mlm (fill-mask)")
+    tasks: list[str]
+    attention: str = Field(description="attention normaliser: softmax/softmax0 or softmax1")
+    parameters: int
+    layers: int | None = None
+    heads: int | None = None
+    context_length: int | None = None
+
+
+class ModelCard(ModelSummary):
+    config: dict
+    card: str = Field(description="the model card, markdown")
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok or loading")
+    models: list[str]
+    failed: dict[str, str] = Field(description="checkpoints refused at start-up, with the reason")
+
+
+class Info(BaseModel):
+    models: list[str]
+    devices: list[str]
+    max_batch_size: int
+    max_queue: int
+    max_new_tokens_cap: int
+    max_prompt_chars: int
+    request_timeout_s: float
+    default_eos_bias: float
+    auth: bool

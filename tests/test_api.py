@@ -1,0 +1,152 @@
+"""The HTTP API on tiny models built on the fly (FastAPI's TestClient is httpx underneath)."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from model_store.store import write_checkpoint
+from server.app import create_app
+from server.config import Settings
+from tests.conftest import tiny_gpt
+from training.tokenizer import eos_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("store")
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=48)
+    write_checkpoint(root / "tiny-gpt", model, tiny_tokenizer, card="# tiny gpt\n", metrics={})
+    broken = root / "broken-gpt"
+    write_checkpoint(broken, model, tiny_tokenizer, card="# broken\n", metrics={})
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    with TestClient(create_app(Settings(store=store, max_queue=4, max_new_tokens_cap=40))) as c:
+        yield c
+
+
+def test_health_models_info(client):
+    h = client.get("/health")
+    assert h.status_code == 200 and h.json()["models"] == ["tiny-gpt"]
+    assert "broken-gpt" in h.json()["failed"] and "model.safetensors" in h.json()["failed"]["broken-gpt"]
+    models = client.get("/models").json()
+    assert models[0]["id"] == "tiny-gpt" and models[0]["attention"] == "softmax" and "generate" in models[0]["tasks"]
+    card = client.get("/models/tiny-gpt").json()
+    assert card["card"].startswith("# tiny gpt") and card["config"]["n_layer"] == 2
+    assert client.get("/info").json()["max_new_tokens_cap"] == 40
+
+
+def test_generate_tgi_format(client):
+    r = client.post(
+        "/generate",
+        json={"inputs": "The castle", "parameters": {"max_new_tokens": 8, "details": True, "top_n_tokens": 2}},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    d = body["details"]
+    assert d["finish_reason"] in ("length", "eos_token") and d["generated_tokens"] == len(
+        [t for t in d["tokens"] if not t["special"]]
+    )
+    assert body["generated_text"] == "".join(t["text"] for t in d["tokens"])
+    assert all(len(t) == 2 for t in d["top_tokens"])
+
+
+def test_seed_reproducibility(client):
+    req = {"inputs": "The river", "parameters": {"max_new_tokens": 12, "do_sample": True, "seed": 5, "eos_bias": -1e9}}
+    a, b = client.post("/generate", json=req).json(), client.post("/generate", json=req).json()
+    assert a == b
+
+
+def test_generate_stream_events(client):
+    req = {"inputs": "The castle", "parameters": {"max_new_tokens": 6, "eos_bias": -1e9}}
+    with client.stream("POST", "/generate_stream", json=req) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert len(events) == 6
+    assert all(e["token"]["text"] is not None for e in events)
+    assert "generated_text" not in events[0] and events[-1]["details"]["finish_reason"] == "length"
+    assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+
+
+def test_stop_sequence_over_http(client):
+    base = {"inputs": "The castle", "parameters": {"max_new_tokens": 20, "eos_bias": -1e9}}
+    text = client.post("/generate", json=base).json()["generated_text"]
+    stop = text[3:6]
+    r = client.post("/generate", json={**base, "parameters": {**base["parameters"], "stop": [stop], "details": True}})
+    assert r.json()["generated_text"] == text[: text.index(stop)]
+    assert r.json()["details"]["finish_reason"] == "stop_sequence"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"inputs": ""}, "inputs"),
+        ({"inputs": "x", "parameters": {"temperature": 0}}, "parameters.temperature"),
+        ({"inputs": "x", "parameters": {"top_p": 1.5}}, "parameters.top_p"),
+        ({"inputs": "x", "parameters": {"max_new_tokens": -3}}, "parameters.max_new_tokens"),
+        ({"inputs": "x", "parameters": {"model": "../../etc/passwd"}}, "parameters.model"),
+        ({"inputs": "x", "parameters": {"model": "nope"}}, "parameters.model"),
+        ({"inputs": "x", "parameters": {"logit_bias": {"999999": 1.0}}}, "parameters.logit_bias"),
+        ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop"),
+        ({"inputs": "x", "parameters": {"bogus": 1}}, "parameters.bogus"),
+        ({"inputs": "word " * 200}, "inputs"),
+    ],
+)
+def test_bad_requests_name_the_field(client, body, field):
+    r = client.post("/generate", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["field"] == field and field.split(".")[-1] in r.json()["error"]
+
+
+def test_unknown_model_is_404(client):
+    assert client.post("/generate", json={"inputs": "x", "parameters": {"model": "nope"}}).status_code == 404
+    assert client.get("/models/nope").status_code == 404
+    assert client.get("/models/..%2F..%2Fetc").status_code == 404
+
+
+def test_over_long_prompt_is_refused_or_truncated(client):
+    r = client.post("/generate", json={"inputs": "word " * 200})
+    assert r.status_code == 422 and "refused" in r.json()["error"]
+    ok = client.post("/generate", json={"inputs": "word " * 200, "parameters": {"truncate": 20, "max_new_tokens": 2}})
+    assert ok.status_code == 200
+
+
+def test_malformed_json_and_oversized_body(client, store):
+    r = client.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "malformed JSON" in r.json()["error"]
+    with TestClient(create_app(Settings(store=store, max_body_bytes=100))) as small:
+        r = small.post("/generate", json={"inputs": "x" * 500})
+        assert r.status_code == 413
+
+
+def test_metrics(client):
+    client.post("/generate", json={"inputs": "The", "parameters": {"max_new_tokens": 2}})
+    text = client.get("/metrics").text
+    assert 'tinyserve_requests_total{path="/generate",status="200"}' in text
+    assert "tinyserve_tokens_generated_total" in text and "tinyserve_queue_size" in text
+
+
+def test_bearer_auth(store):
+    with TestClient(create_app(Settings(store=store, api_token="s3cret"))) as c:
+        assert c.get("/health").status_code == 200  # exempt
+        assert c.get("/models").status_code == 401
+        assert c.get("/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = Settings(store=store, max_batch_size=1, max_queue=1, max_new_tokens_cap=40)
+    with TestClient(create_app(settings)) as c:
+        req = {"inputs": "The castle", "parameters": {"max_new_tokens": 40, "eos_bias": -1e9}}
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda _: c.post("/generate", json=req), range(6)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) >= 2 and 429 in codes and set(codes) <= {200, 429}
+    busy = next(r for r in responses if r.status_code == 429)
+    assert busy.headers["retry-after"] == "1" and busy.json()["error_type"] == "overloaded"
