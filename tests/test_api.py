@@ -150,3 +150,24 @@ def test_full_queue_answers_429_with_retry_after(store):
     assert codes.count(200) >= 2 and 429 in codes and set(codes) <= {200, 429}
     busy = next(r for r in responses if r.status_code == 429)
     assert busy.headers["retry-after"] == "1" and busy.json()["error_type"] == "overloaded"
+
+
+def test_openai_client_completions(client):
+    from openai import OpenAI
+
+    oai = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
+    c = oai.completions.create(model="tiny-gpt", prompt="The castle", max_tokens=6, temperature=0, logprobs=2,
+                               extra_body={"eos_bias": -1e9})  # fmt: skip
+    assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 6
+    assert len(c.choices[0].logprobs.token_logprobs) == 6 and len(c.choices[0].logprobs.top_logprobs[0]) == 2
+    chunks = list(oai.completions.create(model="tiny-gpt", prompt="The castle", max_tokens=6, temperature=0,
+                                         stream=True, extra_body={"eos_bias": -1e9}))  # fmt: skip
+    assert "".join(ch.choices[0].text for ch in chunks) == c.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_openai_validation(client):
+    r = client.post("/v1/completions", json={"model": "tiny-gpt", "prompt": "x", "temperature": 3})
+    assert r.status_code == 422 and r.json()["field"] == "temperature"
+    r = client.post("/v1/completions", json={"model": "missing", "prompt": "x"})
+    assert r.status_code == 404 and r.json()["field"] == "model"

@@ -1,0 +1,85 @@
+"""POST /v1/completions (OpenAI format; `stream: true` gives SSE chunks and `data: [DONE]`)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from sse_starlette import EventSourceResponse
+
+from server.dependencies import AppSettings, Registry, find_model
+from server.engine import FinishEvent, TokenEvent
+from server.errors import APIError, error_body
+from server.generation import check_logit_bias, encode_prompt, events, sampling_params
+from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Usage
+
+router = APIRouter(tags=["completion (OpenAI format)"])
+
+OPENAI_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+
+
+@router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)
+async def completions(body: CompletionRequest, request: Request, registry: Registry, settings: AppSettings):
+    """Complete `prompt`; with `logprobs`, per-token logprobs and alternatives; with `stream`, SSE."""
+    m = find_model(registry, body.model, "gpt", "model")
+    check_logit_bias(m, body.logit_bias, "logit_bias")
+    ids = encode_prompt(m, body.prompt, settings, None, "prompt")
+    params = sampling_params(body, settings, greedy=body.temperature == 0, temperature=body.temperature,
+                             max_new_tokens=body.max_tokens, top_logprobs=body.logprobs or 0,
+                             want_logprobs=body.logprobs is not None)  # fmt: skip
+    params.top_p = body.top_p if body.top_p < 1 and body.temperature > 0 else None
+    cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    prefix = body.prompt if body.echo else ""
+
+    def logprobs_of(tokens: list[TokenEvent], offset: int) -> Logprobs | None:
+        if body.logprobs is None:
+            return None
+        out = Logprobs(top_logprobs=[] if body.logprobs else None)
+        for t in tokens:
+            out.tokens.append(m.tokenizer.decode([t.id]))
+            out.token_logprobs.append(t.logprob)
+            out.text_offset.append(offset)
+            offset += len(t.text)
+            if body.logprobs:
+                out.top_logprobs.append({m.tokenizer.decode([i]): lp for i, lp in t.top_logprobs})
+        return out
+
+    if not body.stream:
+        tokens, finish = [], None
+        async for e in events(m, ids, params, settings, request.is_disconnected):
+            if isinstance(e, TokenEvent):
+                tokens.append(e)
+            else:
+                finish = e
+        if finish is None:
+            raise APIError(499, "client disconnected", None, "cancelled")
+        choice = Choice(text=prefix + finish.text, logprobs=logprobs_of(tokens, len(prefix)),
+                        finish_reason=OPENAI_FINISH[finish.reason])  # fmt: skip
+        usage = Usage(prompt_tokens=finish.prompt_tokens, completion_tokens=finish.generated_tokens,
+                      total_tokens=finish.prompt_tokens + finish.generated_tokens)  # fmt: skip
+        return Completion(id=cid, created=created, model=m.id, choices=[choice], usage=usage)
+
+    async def stream():
+        def chunk(text: str, finish: str | None = None, lp: Logprobs | None = None) -> dict:
+            c = Completion(
+                id=cid, created=created, model=m.id, choices=[Choice(text=text, logprobs=lp, finish_reason=finish)]
+            )
+            return {"data": c.model_dump_json(exclude_none=True)}
+
+        offset = len(prefix)
+        try:
+            if prefix:
+                yield chunk(prefix)
+            async for e in events(m, ids, params, settings):
+                if isinstance(e, TokenEvent):
+                    yield chunk(e.text, lp=logprobs_of([e], offset))
+                    offset += len(e.text)
+                elif isinstance(e, FinishEvent):
+                    yield chunk(e.tail, OPENAI_FINISH[e.reason])
+        except APIError as err:
+            yield {"data": json.dumps({"error": error_body(err.message, err.error_type, err.field)})}
+        yield {"data": "[DONE]"}
+
+    return EventSourceResponse(stream(), ping=15)

@@ -1,0 +1,88 @@
+"""POST /v1/completions in the OpenAI wire format, so the `openai` client works unchanged."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from server.schemas.generation import EosControls
+
+
+class CompletionRequest(EosControls):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., description="Model id from GET /models.")
+    prompt: str | list[str] = Field(..., description="The prompt (a list of one string is accepted).")
+    max_tokens: int = Field(16, ge=1, description="Tokens to generate at most (capped by the server).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
+    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    stream: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5, description="Return logprobs of this many alternatives.")
+    echo: bool = Field(False, description="Prepend the prompt to the completion.")
+    stop: str | list[str] = Field([], description="Up to 4 stop sequences.")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="Extension: CTRL-style penalty.")
+    best_of: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    logit_bias: dict[int, float] = Field({}, description="Token id -> bias in [-100, 100].")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    user: str | None = None
+    suffix: str | None = Field(None, max_length=0, description="Not supported.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str]) -> str:
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt is supported")
+            v = v[0]
+        if not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str]) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > 4 or any(not s or len(s) > 200 for s in stops):
+            raise ValueError("at most 4 stop sequences of 1 to 200 characters")
+        return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[int, float]) -> dict[int, float]:
+        if len(v) > 300 or any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("at most 300 entries, each bias in [-100, 100]")
+        return v
+
+
+class Logprobs(BaseModel):
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] = []
+
+
+class Choice(BaseModel):
+    text: str
+    index: int = 0
+    logprobs: Logprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
