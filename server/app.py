@@ -14,7 +14,7 @@ from server.errors import install_error_handlers
 from server.metrics import Metrics
 from server.middleware import BearerAuth, BodySizeLimit
 from server.registry import ModelRegistry
-from server.routers import completions, generate, models
+from server.routers import completions, generate, inspect, models
 
 log = logging.getLogger("tinyserve")
 
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(generate.router)
     app.include_router(completions.router)
+    app.include_router(inspect.router)
 
     @app.middleware("http")
     async def record(request: Request, call_next):

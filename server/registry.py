@@ -86,6 +86,8 @@ class ModelRegistry:
         if arch == "roberta-mlm":
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")
+            if variant == "softmax0":
+                model.set_attn_implementation("eager")  # returns attention weights (for /attention)
             return ServedModel(model_id, "roberta-mlm", model, tok, folder, model.config.to_dict(), None, variant, card)
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 

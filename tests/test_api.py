@@ -5,10 +5,12 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from model_store.store import write_checkpoint
+from model_store.store import write_checkpoint, write_manifest
 from server.app import create_app
 from server.config import Settings
-from tests.conftest import tiny_gpt
+from tests.conftest import TINY_WIKI, tiny_gpt
+from training.esperberto import build_model, make_config, save_model
+from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.tokenizer import eos_id
 
 
@@ -20,6 +22,14 @@ def store(tmp_path_factory, tiny_tokenizer):
     broken = root / "broken-gpt"
     write_checkpoint(broken, model, tiny_tokenizer, card="# broken\n", metrics={})
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    mlm_tok = train_roberta_tokenizer(read_corpus(str(TINY_WIKI)), 300)
+    for variant in ("softmax0", "softmax1"):
+        folder = root / f"tiny-mlm-{variant}"
+        save_model(build_model(make_config("tiny", variant, vocab_size=len(mlm_tok)), seed=1), folder)
+        mlm_tok.save_pretrained(folder)
+        (folder / "README.md").write_text(f"# tiny {variant}\n")
+        (folder / "metrics.json").write_text("{}")
+        write_manifest(folder)
     return root
 
 
@@ -31,10 +41,14 @@ def client(store):
 
 def test_health_models_info(client):
     h = client.get("/health")
-    assert h.status_code == 200 and h.json()["models"] == ["tiny-gpt"]
+    assert h.status_code == 200 and h.json()["models"] == ["tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"]
     assert "broken-gpt" in h.json()["failed"] and "model.safetensors" in h.json()["failed"]["broken-gpt"]
-    models = client.get("/models").json()
-    assert models[0]["id"] == "tiny-gpt" and models[0]["attention"] == "softmax" and "generate" in models[0]["tasks"]
+    models = {m["id"]: m for m in client.get("/models").json()}
+    assert models["tiny-gpt"]["attention"] == "softmax" and "generate" in models["tiny-gpt"]["tasks"]
+    assert (
+        models["tiny-mlm-softmax1"]["attention"] == "softmax1"
+        and models["tiny-mlm-softmax1"]["tasks"][0] == "fill-mask"
+    )
     card = client.get("/models/tiny-gpt").json()
     assert card["card"].startswith("# tiny gpt") and card["config"]["n_layer"] == 2
     assert client.get("/info").json()["max_new_tokens_cap"] == 40
@@ -171,3 +185,89 @@ def test_openai_validation(client):
     assert r.status_code == 422 and r.json()["field"] == "temperature"
     r = client.post("/v1/completions", json={"model": "missing", "prompt": "x"})
     assert r.status_code == 404 and r.json()["field"] == "model"
+
+
+def test_score(client):
+    r = client.post("/score", json={"text": "The castle was built in 1350 .", "top_n_tokens": 2})
+    body = r.json()
+    assert r.status_code == 200 and body["scored_tokens"] == len(body["tokens"])
+    lps = [t["logprob"] for t in body["tokens"]]
+    assert all(lp <= 0 for lp in lps)
+    assert abs(body["loss"] + sum(lps) / len(lps)) < 1e-4
+    assert client.post("/score", json={"model": "tiny-mlm-softmax0", "text": "x"}).status_code == 404
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"])
+def test_attention_json_in_bertviz_shape(client, model):
+    r = client.post("/attention", json={"model": model, "text": "The castle was built", "layers": [1], "heads": [0, 2]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    T = len(body["tokens"])
+    att = body["attention"]
+    assert (
+        len(att) == 1
+        and len(att[0]) == 1
+        and len(att[0][0]) == 2
+        and len(att[0][0][0]) == T
+        and len(att[0][0][0][0]) == T
+    )
+    sums = body["row_sums"][0]
+    if body["attention_variant"] == "softmax1":
+        assert all(s < 1 for s in sums)
+    else:
+        assert all(abs(s - 1) < 1e-4 for s in sums)
+    if model == "tiny-gpt":  # causal: nothing above the diagonal
+        assert all(att[0][0][0][i][j] == 0 for i in range(T) for j in range(i + 1, T))
+
+
+def test_attention_png_and_bad_indices(client):
+    r = client.post("/attention", json={"model": "tiny-gpt", "text": "The castle", "format": "png"})
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png" and r.content[:4] == b"\x89PNG"
+    r = client.post("/attention", json={"model": "tiny-gpt", "text": "The castle", "layers": [7]})
+    assert r.status_code == 422 and r.json()["field"] == "layers"
+    r = client.post("/attention", json={"model": "tiny-gpt", "text": "word " * 100})
+    assert r.status_code == 422 and "at most 48" in r.json()["error"]
+
+
+def test_fill_mask_pipeline_format_and_both_variants(client):
+    r = client.post("/fill-mask", json={"inputs": "The castle was <mask> in 1350 .", "variant": "both", "top_k": 3})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert list(results) == ["tiny-mlm-softmax0", "tiny-mlm-softmax1"]
+    for cands in results.values():
+        assert len(cands) == 3 and cands[0]["score"] >= cands[1]["score"] >= cands[2]["score"]
+        assert set(cands[0]) == {"score", "token", "token_str", "sequence"}
+        assert "<mask>" not in cands[0]["sequence"]
+    two = client.post("/fill-mask", json={"inputs": "<mask> castle <mask> .", "top_k": 2}).json()["results"]
+    assert len(two["tiny-mlm-softmax0"]) == 2 and len(two["tiny-mlm-softmax0"][0]) == 2  # one list per mask
+    targeted = client.post("/fill-mask", json={"inputs": "The <mask> .", "targets": ["castle", "river"]}).json()
+    assert len(targeted["results"]["tiny-mlm-softmax0"]) == 2
+
+
+def test_fill_mask_matches_the_transformers_pipeline(client, store):
+    import transformers
+
+    pipe = transformers.pipeline("fill-mask", model=str(store / "tiny-mlm-softmax1"))
+    ref = pipe("The castle was <mask> in 1350 .", top_k=3)
+    ours = client.post(
+        "/fill-mask", json={"inputs": "The castle was <mask> in 1350 .", "variant": "softmax1", "top_k": 3}
+    )
+    got = ours.json()["results"]["tiny-mlm-softmax1"]
+    assert [c["token"] for c in got] == [c["token"] for c in ref]
+    assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(got, ref, strict=True))
+    assert [c["sequence"] for c in got] == [c["sequence"] for c in ref]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"inputs": "no mask here"}, "inputs"),
+        ({"inputs": "<mask> " * 30}, "inputs"),
+        ({"inputs": "a <mask>", "top_k": 0}, "top_k"),
+        ({"inputs": "a <mask>", "model": "tiny-gpt"}, "model"),
+        ({"inputs": "a <mask>", "variant": "softmax2"}, "variant"),
+    ],
+)
+def test_fill_mask_bad_input(client, body, field):
+    r = client.post("/fill-mask", json=body)
+    assert 400 <= r.status_code < 500 and r.json()["field"] == field, r.text

@@ -1,0 +1,149 @@
+"""Looking inside the models: token scores, attention maps (JSON or PNG) and fill-mask.
+
+These run on the request's worker thread (FastAPI runs sync endpoints in a thread pool), directly on
+the model: they are single forward passes, so they bypass the generation engine.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from server.errors import APIError  # noqa: E402
+from server.registry import ServedModel  # noqa: E402
+
+MAX_MASKS = 20
+MAX_PNG_PANELS = 96
+
+
+def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
+    ids = m.tokenizer.encode(text, add_special_tokens=False).ids
+    limit = m.model.config.context_length
+    if not ids:
+        raise APIError(422, f"{field}: text must not be empty", field)
+    if len(ids) > limit:
+        raise APIError(422, f"{field}: text is {len(ids)} tokens; model {m.id} takes at most {limit}", field)
+    return ids
+
+
+def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tensor]:
+    enc = m.tokenizer(text, return_tensors="pt")
+    limit = m.model.config.max_position_embeddings - 2
+    if enc["input_ids"].shape[1] > limit:
+        raise APIError(
+            422, f"{field}: text is {enc['input_ids'].shape[1]} tokens; model {m.id} takes at most {limit}", field
+        )
+    return enc
+
+
+@torch.inference_mode()
+def score(m: ServedModel, text: str, top_n: int) -> dict:
+    """Log-probability of every token given the ones before it (the first token is given)."""
+    eos = m.model.config.eos_token_id
+    ids = gpt_ids(m, text, "text")[: m.model.config.context_length - 1]
+    x = torch.tensor([[eos] + ids], device=next(m.model.parameters()).device)  # read as a new document
+    logp = torch.log_softmax(m.model(x).logits[0, :-1].float(), dim=-1)  # (T, V): row t predicts ids[t]
+    chosen = logp[torch.arange(len(ids)), torch.tensor(ids, device=logp.device)]
+    tokens = []
+    for t, tid in enumerate(ids):
+        top = []
+        if top_n:
+            vals, alt = logp[t].topk(top_n)
+            top = [(m.tokenizer.decode([int(a)]), float(v)) for a, v in zip(alt, vals, strict=True)]
+        tokens.append({"id": tid, "text": m.tokenizer.decode([tid]), "logprob": float(chosen[t]), "top_tokens": top})
+    loss = float(-chosen.mean())
+    return {"model": m.id, "tokens": tokens, "loss": loss, "perplexity": math.exp(loss), "scored_tokens": len(ids)}
+
+
+@torch.inference_mode()
+def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[int] | None) -> dict:
+    """Attention weights of the selected layers and heads: (L, H, T, T) as nested lists, plus tokens."""
+    if m.kind == "gpt":
+        ids = gpt_ids(m, text, "text")
+        out = m.model(torch.tensor([ids], device=next(m.model.parameters()).device), return_attention=True)
+        weights, tokens = out.attentions, [m.tokenizer.decode([i]) for i in ids]
+        n_layer, n_head = m.model.config.n_layer, m.model.config.n_head
+    else:
+        enc = mlm_encoding(m, text, "text").to(next(m.model.parameters()).device)
+        weights = m.model(**enc, output_attentions=True).attentions
+        tokens = [m.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
+        n_layer, n_head = m.model.config.num_hidden_layers, m.model.config.num_attention_heads
+    layers = list(range(n_layer)) if layers is None else layers
+    heads = list(range(n_head)) if heads is None else heads
+    for name, sel, n in (("layers", layers, n_layer), ("heads", heads, n_head)):
+        if any(not 0 <= i < n for i in sel):
+            raise APIError(422, f"{name}: indices must be in [0, {n}) for model {m.id}", name)
+    w = torch.stack([weights[i][0, heads].float().cpu() for i in layers])  # (L, H, T, T)
+    return {"model": m.id, "attention_variant": m.variant, "tokens": tokens, "layers": layers, "heads": heads,
+            "weights": w}  # fmt: skip
+
+
+def attention_png(result: dict) -> bytes:
+    """A grid of heatmaps (rows: layers, columns: heads), tokens on the axes."""
+    w, tokens = result["weights"], result["tokens"]
+    L, H = w.shape[:2]
+    if L * H > MAX_PNG_PANELS:
+        raise APIError(422, f"layers x heads = {L * H} panels; select at most {MAX_PNG_PANELS} for a PNG", "layers")
+    size = 1.6 + 0.12 * len(tokens)
+    fig, axes = plt.subplots(L, H, figsize=(size * H, size * L), squeeze=False)
+    for r in range(L):
+        for c in range(H):
+            ax = axes[r][c]
+            ax.imshow(w[r, c].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {result['layers'][r]} head {result['heads'][c]}", fontsize=8)
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+    fig.suptitle(f"{result['model']} ({result['attention_variant']})", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@torch.inference_mode()
+def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) -> list:
+    """The transformers fill-mask pipeline's output format; each mask is filled on its own."""
+    tok = m.tokenizer
+    enc = mlm_encoding(m, text, "inputs")
+    ids = enc["input_ids"][0]
+    positions = (ids == tok.mask_token_id).nonzero().flatten().tolist()
+    if not positions:
+        raise APIError(422, f"inputs: no {tok.mask_token} token in the text", "inputs")
+    if len(positions) > MAX_MASKS:
+        raise APIError(422, f"inputs: {len(positions)} {tok.mask_token} tokens; at most {MAX_MASKS}", "inputs")
+    target_ids = None
+    if targets:
+        target_ids = []
+        for t in targets:
+            tid = tok.convert_tokens_to_ids(t) if t in tok.get_vocab() else None
+            if tid is None:
+                enc_t = tok(t, add_special_tokens=False)["input_ids"]
+                if not enc_t:
+                    raise APIError(422, f"targets: {t!r} has no tokens", "targets")
+                tid = enc_t[0]
+            target_ids.append(tid)
+        target_ids = torch.tensor(sorted(set(target_ids)))
+    logits = m.model(**enc.to(next(m.model.parameters()).device)).logits[0].float().cpu()
+    results = []
+    for pos in positions:
+        probs = torch.softmax(logits[pos], dim=-1)
+        if target_ids is not None:
+            cand_probs, order = probs[target_ids].topk(min(top_k, len(target_ids)))
+            cand_ids = target_ids[order]
+        else:
+            cand_probs, cand_ids = probs.topk(top_k)
+        row = []
+        for p, cid in zip(cand_probs.tolist(), cand_ids.tolist(), strict=True):
+            filled = ids.clone()
+            filled[pos] = cid
+            row.append({"score": p, "token": cid, "token_str": tok.decode([cid]),
+                        "sequence": tok.decode(filled, skip_special_tokens=True)})  # fmt: skip
+        results.append(row)
+    return results[0] if len(results) == 1 else results

@@ -1,0 +1,63 @@
+"""POST /score, POST /attention, POST /fill-mask."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from server import inspection
+from server.dependencies import Registry, find_model
+from server.errors import APIError
+from server.registry import UnknownModelError
+from server.schemas.inspect import (
+    AttentionRequest,
+    AttentionResponse,
+    FillMaskRequest,
+    FillMaskResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+router = APIRouter(tags=["inspection"])
+
+
+@router.post("/score", response_model=ScoreResponse)
+def score(body: ScoreRequest, registry: Registry) -> dict:
+    """Per-token log-probabilities, mean loss and perplexity of a text under a completion model."""
+    m = find_model(registry, body.model, "gpt", "model")
+    return inspection.score(m, body.text, body.top_n_tokens)
+
+
+PNG_RESPONSE = {200: {"content": {"image/png": {}}, "description": "JSON, or a PNG when format=png"}}
+
+
+@router.post("/attention", response_model=AttentionResponse, responses=PNG_RESPONSE)
+def attention(body: AttentionRequest, registry: Registry):
+    """Attention weights per layer and head for any served model, as JSON (bertviz shape) or a PNG grid."""
+    try:
+        m = registry.get(body.model)
+    except UnknownModelError as e:
+        raise APIError(404, f"model: {e}", "model", "not_found") from None
+    result = inspection.attention(m, body.text, body.layers, body.heads)
+    if body.format == "png":
+        return Response(inspection.attention_png(result), media_type="image/png")
+    w = result.pop("weights")
+    result["attention"] = [[layer.tolist()] for layer in w]  # (L, 1, H, T, T)
+    result["row_sums"] = w.sum(-1).mean(-1).tolist()
+    return result
+
+
+@router.post("/fill-mask", response_model=FillMaskResponse)
+def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
+    """Fill <mask> tokens; `variant: both` answers with softmax0 and softmax1 side by side."""
+    if body.model is not None:
+        models = [find_model(registry, body.model, "roberta-mlm", "model")]
+    else:
+        wanted = ["softmax0", "softmax1"] if body.variant == "both" else [body.variant]
+        models = [m for m in registry.models.values() if m.kind == "roberta-mlm" and m.variant in wanted]
+        missing = set(wanted) - {m.variant for m in models}
+        if missing:
+            raise APIError(
+                404, f"variant: no {' or '.join(sorted(missing))} fill-mask model is served", "variant", "not_found"
+            )
+        models = [next(m for m in models if m.variant == v) for v in wanted]  # one per variant, in order
+    return {"results": {m.id: inspection.fill_mask(m, body.inputs, body.top_k, body.targets) for m in models}}
