@@ -87,8 +87,8 @@ class EngineStats:
     queued: int = 0
     running: int = 0
     tokens_generated: int = 0
-    requests_finished: int = 0
     decode_steps: int = 0
+    finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
 
 
 class GenerationEngine:
@@ -178,19 +178,19 @@ class GenerationEngine:
         for row in self._rows:
             self._finish(row, "cancelled", "server shutting down")
         for req in self._waiting:
-            req.sink(FinishEvent("cancelled", "", 0, len(req.prompt_ids), "server shutting down"))
+            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), "server shutting down"))
 
     def _admit(self, req: GenerationRequest) -> None:
         """Prefill the prompt alone, then join its cache to the running batch."""
         if req.cancelled.is_set():
-            req.sink(FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
             return
         try:
             cache = KVCache(self.model.config.n_layer)
             ids = torch.tensor([req.prompt_ids], device=self.device)
             logits = self.model(ids, kv_cache=cache).logits[0, -1].float().cpu()
         except Exception as e:  # a failed prefill fails this request, not the engine
-            req.sink(FinishEvent("error", "", 0, len(req.prompt_ids), f"{type(e).__name__}: {e}"))
+            self._emit(req, FinishEvent("error", "", 0, len(req.prompt_ids), f"{type(e).__name__}: {e}"))
             return
         max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
         self._rows.append(_Row(req, logits, max_new))
@@ -253,7 +253,7 @@ class GenerationEngine:
         logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
         self.stats.tokens_generated += 1
         if token == self.eos_id:
-            req.sink(TokenEvent(token, "", logprob, top, last=True))
+            self._emit(req, TokenEvent(token, "", logprob, top, last=True))
             self._finish(row, "eos_token")
             return False
         row.generated.append(token)
@@ -264,11 +264,19 @@ class GenerationEngine:
             new_text, row.decoded = text[len(row.decoded) :], text
         released, stopped = row.stop.feed(new_text)
         at_length = len(row.generated) >= row.max_new
-        req.sink(TokenEvent(token, released, logprob, top, last=stopped or at_length))
+        self._emit(req, TokenEvent(token, released, logprob, top, last=stopped or at_length))
         if stopped or at_length:
             self._finish(row, "stop_sequence" if stopped else "length")
             return False
         return True
+
+    @staticmethod
+    def _emit(req: GenerationRequest, event: Event) -> None:
+        """Hand an event to the request's sink; a failing sink (its client gone) never hurts the batch."""
+        try:
+            req.sink(event)
+        except Exception:
+            req.cancel()
 
     def _finish(self, row: _Row, reason: str, message: str = "") -> None:
         tail = ""
@@ -276,9 +284,9 @@ class GenerationEngine:
             released, stopped = row.stop.feed(self.tokenizer.decode(row.generated)[len(row.decoded) :])
             tail = released + ("" if stopped else row.stop.flush())
             reason = "stop_sequence" if stopped else reason
-        self.stats.requests_finished += 1
+        self.stats.finished[reason] += 1
         prompt_tokens = len(row.req.prompt_ids)
-        row.req.sink(FinishEvent(reason, row.stop.text, len(row.generated), prompt_tokens, message, tail))
+        self._emit(row.req, FinishEvent(reason, row.stop.text, len(row.generated), prompt_tokens, message, tail))
 
     # -- synchronous use (tests, command line, Cog) --------------------------------------------
 

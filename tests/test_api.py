@@ -1,6 +1,8 @@
 """The HTTP API on tiny models built on the fly (FastAPI's TestClient is httpx underneath)."""
 
+import asyncio
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -271,3 +273,25 @@ def test_fill_mask_matches_the_transformers_pipeline(client, store):
 def test_fill_mask_bad_input(client, body, field):
     r = client.post("/fill-mask", json=body)
     assert 400 <= r.status_code < 500 and r.json()["field"] == field, r.text
+
+
+def test_leaving_a_stream_cancels_generation(client):
+    """The SSE layer's event iterator cancels its request when closed early (client disconnect)."""
+    from server.generation import events
+    from server.sampling import SamplingParams
+
+    app = client.app
+    m = app.state.registry.get("tiny-gpt")
+    before = m.engine.stats.finished["cancelled"]
+
+    async def read_two_then_leave():
+        stream = events(m, [5, 6, 7], SamplingParams(max_new_tokens=40, eos_bias=float("-inf")), app.state.settings)
+        got = [await anext(stream), await anext(stream)]
+        await stream.aclose()  # what Starlette does when the client goes away
+        return got
+
+    assert len(asyncio.run(read_two_then_leave())) == 2
+    deadline = time.monotonic() + 5
+    while m.engine.stats.finished["cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert m.engine.stats.finished["cancelled"] == before + 1

@@ -165,3 +165,12 @@ def test_engine_survives_a_failing_request(engine):
         engine.generate(prompt(engine), SamplingParams(max_new_tokens=3, eos_bias=float("-inf")))[1].generated_tokens
         == 3
     )
+
+
+def test_a_failing_sink_does_not_hurt_the_batch(engine):
+    def broken(_event):
+        raise RuntimeError("client gone")
+
+    engine.submit(prompt(engine), SamplingParams(max_new_tokens=30, eos_bias=float("-inf")), broken)
+    fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=10, eos_bias=float("-inf")))[1]
+    assert fin.reason == "length" and fin.generated_tokens == 10
