@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The history of the city begins
 
-.PHONY: install serve test lint clean
+.PHONY: install serve complete test clean
 
 install: $(VENV)/.installed
 
@@ -15,8 +15,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $@
 
-# The main job. Until the HTTP server lands: complete a prompt with the shipped GPT checkpoint.
+# The main job: serve every checkpoint in model_store/ over HTTP (TINYSERVE_* variables configure it).
 serve: install
+	$(PY) -m server
+
+# Complete a prompt on the command line with the shipped GPT checkpoint.
+complete: install
 	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
 
 test: install
