@@ -44,8 +44,8 @@ def hf_twin(model):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = model.config
-    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.context_length, n_embd=c.d_model, n_layer=c.n_layer,
-                     n_head=c.n_head, n_inner=c.d_ff, eos_token_id=c.eos_token_id, pad_token_id=c.eos_token_id)  # fmt: skip
+    sizes = dict(n_positions=c.context_length, n_embd=c.d_model, n_layer=c.n_layer, n_head=c.n_head, n_inner=c.d_ff)
+    cfg = GPT2Config(vocab_size=c.vocab_size, eos_token_id=c.eos_token_id, pad_token_id=c.eos_token_id, **sizes)
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -201,7 +201,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tok = load_gpt(STORE_ROOT / args.model)
-    rows = []
     single = single_stream(model, tok)
     print("single stream", single, flush=True)
     proc, base, cold = start_server(args.model)
@@ -221,20 +220,27 @@ def main() -> None:
     fm = fill_mask_latency(mlm_folder)
     print("fill-mask", fm, flush=True)
 
-    rows.append(f"| single-stream decode (greedy, {NEW_TOKENS} tokens) | {single['ours_tok_s']:.0f} tok/s | "
-                f"HF `generate()` on GPT-2 of the same size: {single['hf_tok_s']:.0f} tok/s | **{single['ratio']:.2f}x** (goal ≥ 2.5x) |")  # fmt: skip
-    for n, (ours, theirs, ttft) in conc.items():
-        rows.append(f"| {n} concurrent HTTP streams, aggregate | {ours:.0f} tok/s (TTFT p50 {ttft * 1e3:.0f} ms) | "
-                    f"HF static batch of {n}, in process: {theirs:.0f} tok/s | **{ours / theirs:.2f}x** |")  # fmt: skip
-    rows.append(f"| fill-mask p50 latency ({mlm_name}) | {fm['ours_ms']:.1f} ms | HF `pipeline('fill-mask')`: "
-                f"{fm['hf_ms']:.1f} ms | **{fm['ratio']:.2f}x faster** (goal ≥ 2x) |")  # fmt: skip
-    rows.append(f"| /generate, 8 tokens: HTTP vs in-process | {overhead['http_ms']:.1f} ms | in process: "
-                f"{overhead['in_process_ms']:.1f} ms | overhead {overhead['overhead_ms']:.1f} ms |")  # fmt: skip
-    rows.append(f"| cold start (process start to /health 200) | {cold:.1f} s | | |")
-    table = "\n".join(["| measurement | ours | peer (same run) | ratio |", "|---|---|---|---|", *rows])
+    rows = [
+        (f"single-stream decode (greedy, {NEW_TOKENS} tokens)", f"{single['ours_tok_s']:.0f} tok/s",
+         f"HF `generate()`, GPT-2 of the same size: {single['hf_tok_s']:.0f} tok/s",
+         f"**{single['ratio']:.2f}x** (goal ≥ 2.5x)"),
+        *((f"{n} concurrent HTTP streams, aggregate", f"{ours:.0f} tok/s (TTFT p50 {ttft * 1e3:.0f} ms)",
+           f"HF static batch of {n}, in process: {theirs:.0f} tok/s", f"**{ours / theirs:.2f}x**")
+          for n, (ours, theirs, ttft) in conc.items()),
+        (f"fill-mask p50 latency ({mlm_name})", f"{fm['ours_ms']:.1f} ms",
+         f"HF `pipeline('fill-mask')`: {fm['hf_ms']:.1f} ms", f"**{fm['ratio']:.2f}x faster** (goal ≥ 2x)"),
+        ("/generate, 8 tokens: HTTP vs in-process", f"{overhead['http_ms']:.1f} ms",
+         f"in process: {overhead['in_process_ms']:.1f} ms", f"overhead {overhead['overhead_ms']:.1f} ms"),
+        ("cold start (process start to /health 200)", f"{cold:.1f} s", "", ""),
+    ]  # fmt: skip
+    table = "\n".join(["| measurement | ours | peer (same run) | ratio |", "|---|---|---|---|"]
+                      + ["| " + " | ".join(r) + " |" for r in rows])  # fmt: skip
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    text = (f"# Benchmarks\n\nMeasured by `python bench/bench_serving.py` on {machine}, model `{args.model}` "
-            f"({model.num_parameters():,} parameters), prompt of {len(tok.encode(PROMPT).ids)} tokens.\n\n{table}\n")  # fmt: skip
+    n_prompt = len(tok.encode(PROMPT).ids)
+    text = (
+        f"# Benchmarks\n\nMeasured by `python bench/bench_serving.py` on {machine}, model `{args.model}` "
+        f"({model.num_parameters():,} parameters), prompt of {n_prompt} tokens.\n\n{table}\n"
+    )
     Path(args.out).write_text(text)
     print(text)
 
