@@ -3,6 +3,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -42,9 +43,13 @@ def test_tiny_run_lowers_loss_and_exports_a_servable_checkpoint(tmp_path):
 
 
 def test_runs_are_reproducible_and_resumable(tmp_path):
-    a = train(tiny_train_config(tmp_path / "a", max_steps=40, final_eval=False))
-    assert train(tiny_train_config(tmp_path / "b", max_steps=40, stop_at=20, final_eval=False)) == {}  # stop ...
-    b = train(tiny_train_config(tmp_path / "b", max_steps=40, final_eval=False))  # ... and resume
+    dropout = GPTConfig(**{**TINY_MODEL, "dropout": 0.1})  # resuming must also continue the dropout RNG
+    a = train(tiny_train_config(tmp_path / "a", model=dropout, max_steps=40, final_eval=False))
+    b_cfg = tiny_train_config(
+        tmp_path / "b", model=GPTConfig(**{**TINY_MODEL, "dropout": 0.1}), max_steps=40, final_eval=False
+    )
+    assert train(replace(b_cfg, stop_at=20)) == {}  # stop ...
+    b = train(b_cfg)  # ... and resume
     assert a["final_valid_loss"] == b["final_valid_loss"]
     assert [e["valid_loss"] for e in read_log(tmp_path / "a")] == [e["valid_loss"] for e in read_log(tmp_path / "b")]
     wa = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["model"]

@@ -127,6 +127,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, log = state["step"], json.loads(state["log"])
+        if "rng" in state:  # dropout masks continue as if never interrupted
+            torch.set_rng_state(state["rng"])
         if is_main:
             print(f"resumed from {ckpt_path} at step {step}")
 
@@ -136,10 +138,9 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     use_amp = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_amp else nullcontext()
 
-    # each rank draws its own batches; the generator state is a function of (seed, rank, step) so a
-    # resumed run sees the same batches it would have seen
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
-    eval_gen = torch.Generator()
+    # each rank draws its own batches; the generator is reseeded from (seed, rank, step) every step, so
+    # a resumed run sees the batches it would have seen
+    gen, eval_gen = torch.Generator(), torch.Generator()
 
     def evaluate() -> float:
         model.eval()
@@ -161,6 +162,7 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
                     "optimizer": optimizer.state_dict(),
                     "step": step,
                     "log": json.dumps(log),
+                    "rng": torch.get_rng_state(),
                 },
                 tmp,
             )
@@ -180,10 +182,11 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         loss_sum = 0.0
         for micro in range(cfg.grad_accum):
             x, y = random_windows(train_stream, cfg.batch_size, cfg.model.context_length, gen)
+            # DDP all-reduces gradients on the last micro-step only
             sync = nullcontext() if not distributed or micro == cfg.grad_accum - 1 else train_model.no_sync()
-            with sync, autocast:
-                loss = train_model(x.to(device), y.to(device)).loss / cfg.grad_accum
             with sync:
+                with autocast:
+                    loss = train_model(x.to(device), y.to(device)).loss / cfg.grad_accum
                 loss.backward()
             loss_sum += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
