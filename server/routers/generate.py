@@ -111,3 +111,11 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
         return top_tokens(m, e) if body.parameters.top_n_tokens else None
 
     return EventSourceResponse(stream(), ping=15)
+
+
+@router.post("/", response_model=list[GenerateResponse], response_model_exclude_none=True)
+async def compat(body: GenerateRequest, request: Request, registry: Registry, settings: AppSettings):
+    """TGI's compatibility route, used by huggingface_hub's InferenceClient: `stream` picks SSE or a list."""
+    if body.stream:
+        return await generate_stream(body, registry, settings)
+    return [await generate(body, request, registry, settings)]

@@ -90,7 +90,7 @@ class GenerateRequest(BaseModel):
 
     inputs: str = Field(..., min_length=1, description="The prompt.")
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
-    stream: bool = Field(False, description="Accepted for TGI compatibility; use POST /generate_stream to stream.")
+    stream: bool = Field(False, description="POST / only (TGI compatibility route): stream server-sent events.")
 
 
 class Token(BaseModel):
