@@ -248,7 +248,7 @@ class GenerationEngine:
             self._finish(row, "timeout", "request exceeded its time limit")
             return False
         n = len(row.generated)
-        logits = process_logits(row.logits, p, torch.tensor(row.seen), n, self.eos_id)
+        logits = process_logits(row.logits, p, row.seen, n, self.eos_id)
         token = choose_token(logits, p, row.generator)
         logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
         self.stats.tokens_generated += 1

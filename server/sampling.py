@@ -40,14 +40,14 @@ class SamplingParams:
 def process_logits(
     logits: torch.Tensor,  # (V,) float32 raw logits of one row
     params: SamplingParams,
-    seen: torch.Tensor,  # (n,) ids of prompt + generated tokens
+    seen: list[int],  # ids of prompt + generated tokens
     generated: int,
     eos_id: int,
 ) -> torch.Tensor:
     """Apply every adjustment except temperature/top-k/top-p; returns a new (V,) tensor."""
     logits = logits.clone()
-    if params.repetition_penalty != 1.0 and len(seen):
-        ids = torch.unique(seen)
+    if params.repetition_penalty != 1.0 and seen:
+        ids = torch.tensor(sorted(set(seen)))
         vals = logits[ids]
         logits[ids] = torch.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
     for tid, bias in params.logit_bias.items():

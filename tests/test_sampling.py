@@ -34,9 +34,9 @@ def test_eos_bias_relaxes_with_length():
 def test_process_logits_order_and_effects():
     logits = torch.tensor([2.0, 1.0, -1.0, 0.5])
     p = SamplingParams(repetition_penalty=2.0, logit_bias={3: 1.0}, eos_bias=-1.0, min_new_tokens=0)
-    out = process_logits(logits, p, seen=torch.tensor([0, 2]), generated=0, eos_id=1)
+    out = process_logits(logits, p, seen=[0, 2, 0], generated=0, eos_id=1)
     torch.testing.assert_close(out, torch.tensor([1.0, 0.0, -2.0, 1.5]))
-    blocked = process_logits(logits, SamplingParams(min_new_tokens=3), torch.tensor([]), generated=2, eos_id=1)
+    blocked = process_logits(logits, SamplingParams(min_new_tokens=3), [], generated=2, eos_id=1)
     assert blocked[1] == float("-inf")
 
 
