@@ -107,7 +107,7 @@ def test_stop_sequence_over_http(client):
         ({"inputs": "x", "parameters": {"model": "../../etc/passwd"}}, "parameters.model"),
         ({"inputs": "x", "parameters": {"model": "nope"}}, "parameters.model"),
         ({"inputs": "x", "parameters": {"logit_bias": {"999999": 1.0}}}, "parameters.logit_bias"),
-        ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop"),
+        ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop.0"),
         ({"inputs": "x", "parameters": {"bogus": 1}}, "parameters.bogus"),
         ({"inputs": "word " * 200}, "inputs"),
     ],

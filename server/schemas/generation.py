@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
+StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+LogitBias = Annotated[
+    dict[int, Annotated[float, Field(ge=-100, le=100)]],
+    Field(max_length=300, description="Token id -> additive logit bias in [-100, 100] (at most 300)."),
+]
 
 
 class EosControls(BaseModel):
@@ -42,9 +47,9 @@ class GenerateParameters(EosControls):
     top_k: int | None = Field(None, gt=0, description="Sample among the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, lt=1.0, description="Nucleus sampling: smallest set with this mass.")
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="> 1 discourages repeats (CTRL).")
-    stop: list[str] = Field([], max_length=16, description="Stop sequences, matched on text (excluded from output).")
+    stop: list[StopSequence] = Field([], max_length=16, description="Stop sequences, matched on text (not returned).")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed and inputs give the same output.")
-    logit_bias: dict[int, float] = Field({}, description="Token id -> additive logit bias in [-100, 100].")
+    logit_bias: LogitBias = {}
     details: bool = Field(False, description="Return finish reason, token ids, texts and logprobs.")
     top_n_tokens: int | None = Field(None, ge=1, le=10, description="Also return this many most likely alternatives.")
     return_full_text: bool = Field(False, description="Prepend the prompt to generated_text.")
@@ -55,20 +60,6 @@ class GenerateParameters(EosControls):
     watermark: bool = Field(False, description="Not supported: must be false.")
     best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
     typical_p: float | None = Field(None, description="Not supported: must be null.")
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_not_empty(cls, v: list[str]) -> list[str]:
-        if any(not s or len(s) > 200 for s in v):
-            raise ValueError("each stop sequence must have 1 to 200 characters")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
-        if len(v) > 300 or any(not -100 <= b <= 100 for b in v.values()):
-            raise ValueError("at most 300 entries, each bias in [-100, 100]")
-        return v
 
     @field_validator("watermark")
     @classmethod

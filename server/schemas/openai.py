@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from server.schemas.generation import EosControls
+from server.schemas.generation import EosControls, LogitBias, StopSequence
 
 
 class CompletionRequest(EosControls):
@@ -22,12 +22,12 @@ class CompletionRequest(EosControls):
     stream: bool = False
     logprobs: int | None = Field(None, ge=0, le=5, description="Return logprobs of this many alternatives.")
     echo: bool = Field(False, description="Prepend the prompt to the completion.")
-    stop: str | list[str] = Field([], description="Up to 4 stop sequences.")
+    stop: StopSequence | list[StopSequence] = Field([], description="Up to 4 stop sequences.")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="Extension: CTRL-style penalty.")
     best_of: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
-    logit_bias: dict[int, float] = Field({}, description="Token id -> bias in [-100, 100].")
+    logit_bias: LogitBias = {}
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     user: str | None = None
     suffix: str | None = Field(None, max_length=0, description="Not supported.")
@@ -47,16 +47,9 @@ class CompletionRequest(EosControls):
     @classmethod
     def _stops(cls, v: str | list[str]) -> list[str]:
         stops = [v] if isinstance(v, str) else list(v)
-        if len(stops) > 4 or any(not s or len(s) > 200 for s in stops):
-            raise ValueError("at most 4 stop sequences of 1 to 200 characters")
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
         return stops
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v: dict[int, float]) -> dict[int, float]:
-        if len(v) > 300 or any(not -100 <= b <= 100 for b in v.values()):
-            raise ValueError("at most 300 entries, each bias in [-100, 100]")
-        return v
 
 
 class Logprobs(BaseModel):
