@@ -7,32 +7,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from model_store.store import write_checkpoint, write_manifest
 from server.app import create_app
 from server.config import Settings
-from tests.conftest import TINY_WIKI, tiny_gpt
-from training.esperberto import build_model, make_config, save_model
-from training.esperberto.data import read_corpus, train_roberta_tokenizer
-from training.tokenizer import eos_id
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, tiny_tokenizer):
-    root = tmp_path_factory.mktemp("store")
-    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=48)
-    write_checkpoint(root / "tiny-gpt", model, tiny_tokenizer, card="# tiny gpt\n", metrics={})
-    broken = root / "broken-gpt"
-    write_checkpoint(broken, model, tiny_tokenizer, card="# broken\n", metrics={})
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    mlm_tok = train_roberta_tokenizer(read_corpus(str(TINY_WIKI)), 300)
-    for variant in ("softmax0", "softmax1"):
-        folder = root / f"tiny-mlm-{variant}"
-        save_model(build_model(make_config("tiny", variant, vocab_size=len(mlm_tok)), seed=1), folder)
-        mlm_tok.save_pretrained(folder)
-        (folder / "README.md").write_text(f"# tiny {variant}\n")
-        (folder / "metrics.json").write_text("{}")
-        write_manifest(folder)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,79 @@
+"""Hostile and malformed requests: each gets a 4xx naming the problem (or a normal 200), never a 5xx."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.config import Settings
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    with TestClient(create_app(Settings(store=store, max_new_tokens_cap=16, max_body_bytes=200_000))) as c:
+        yield c
+
+
+RAW_BODIES = [
+    b"\xff\xfe\xfa not utf-8",
+    b'{"inputs": "\xc3\x28"}',  # invalid UTF-8 inside a JSON string
+    b'{"inputs": "a\\u0000b", "parameters": {"max_new_tokens": 2}}',  # NUL byte (valid JSON escape)
+    b"[" * 5000 + b"]" * 5000,  # deeply nested
+    b'{"inputs": "x", "parameters": {"temperature": NaN, "do_sample": true}}',
+    b'{"inputs": "x", "parameters": {"temperature": Infinity, "do_sample": true}}',
+    b'{"inputs": "x", "parameters": {"max_new_tokens": "12"}}',  # number as string (lax: accepted)
+    b'{"inputs": "x", "parameters": {"max_new_tokens": 1e30}}',
+    b'{"inputs": "x", "parameters": {"max_new_tokens": -1}}',
+    b'{"inputs": "x", "parameters": {"seed": -5}}',
+    b'{"inputs": "x", "parameters": {"stop": ' + json.dumps(["ab"] * 3000).encode() + b"}}",
+    b'{"inputs": 12}',
+    b'{"inputs": null}',
+    b"{}",
+    b"",
+    b'{"inputs": "x", "unknown": 1}',
+]
+
+
+@pytest.mark.parametrize("body", RAW_BODIES, ids=range(len(RAW_BODIES)))
+@pytest.mark.parametrize(
+    "path", ["/generate", "/generate_stream", "/v1/completions", "/fill-mask", "/attention", "/score"]
+)
+def test_never_a_server_error(client, path, body):
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code < 500, (r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        err = r.json()
+        assert err["error"] and err["error_type"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/attention", {"model": "../../etc/passwd", "text": "x"}, 404, "model"),
+        ("/attention", {"model": "/etc/passwd", "text": "x"}, 404, "model"),
+        ("/fill-mask", {"inputs": "x", "model": "..%2F..%2Fetc"}, 404, "model"),
+        ("/v1/completions", {"model": "tiny-gpt/../../x", "prompt": "x"}, 404, "model"),
+        ("/fill-mask", {"inputs": "no mask"}, 422, "inputs"),
+        ("/fill-mask", {"inputs": "<mask> " * 500}, 422, "inputs"),
+        ("/attention", {"model": "tiny-gpt", "text": "long " * 1000}, 422, "text"),
+        ("/generate", {"inputs": "x" * 30_000}, 422, "inputs"),
+        ("/generate", {"inputs": "x", "parameters": {"top_k": 0}}, 422, "parameters.top_k"),
+        ("/generate", {"inputs": "x", "parameters": {"repetition_penalty": 0}}, 422, "parameters.repetition_penalty"),
+    ],
+)
+def test_named_rejections(client, path, body, status, field):
+    r = client.post(path, json=body)
+    assert r.status_code == status and r.json()["field"] == field, r.text
+
+
+def test_caps_apply_instead_of_failing(client):
+    r = client.post(
+        "/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 10_000, "eos_bias": -1e9, "details": True}}
+    )
+    assert r.status_code == 200 and r.json()["details"]["generated_tokens"] == 16  # capped by the server
+
+
+def test_nul_bytes_are_handled(client):
+    r = client.post("/generate", json={"inputs": "a\x00b", "parameters": {"max_new_tokens": 2}})
+    assert r.status_code == 200
