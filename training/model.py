@@ -79,26 +79,42 @@ def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 
 
 class KVCache:
-    """Per-layer keys and values of the tokens seen so far: each (B, H, S, D)."""
+    """Per-layer keys and values of the tokens seen so far.
+
+    Each layer has (B, H, capacity, D) buffers whose first `length` positions are filled; appending
+    writes in place and the buffers grow geometrically, so a decode step costs O(1) copies, not a
+    concatenation of the whole history.
+    """
 
     def __init__(self, n_layer: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * n_layer
         self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.filled = [0] * n_layer
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+        return self.filled[-1]  # the last layer is updated last: this is the committed length
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this step's (B, H, T, D) keys/values and return the full (B, H, S, D) ones."""
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        """Append this step's (B, H, T, D) keys/values and return views of the full (B, H, S, D) ones."""
+        start, T = self.filled[layer], k.shape[2]
+        if self.keys[layer] is None or start + T > self.keys[layer].shape[2]:
+            self._grow(layer, k, max(16, 2 * (start + T)))
+        self.keys[layer][:, :, start : start + T] = k
+        self.values[layer][:, :, start : start + T] = v
+        self.filled[layer] = start + T
+        return self.keys[layer][:, :, : start + T], self.values[layer][:, :, : start + T]
+
+    def _grow(self, layer: int, like: torch.Tensor, capacity: int) -> None:
+        B, H, _, D = like.shape
+        for store in (self.keys, self.values):
+            new = like.new_zeros(B, H, capacity, D)
+            if store[layer] is not None:
+                new[:, :, : self.filled[layer]] = store[layer][:, :, : self.filled[layer]]
+            store[layer] = new
 
     # Batch surgery for continuous batching: rows are right-aligned (left-padded), so every row's
-    # newest token sits in the last column and one forward pass serves rows of different lengths.
+    # newest token sits in the last filled column and one forward pass serves rows of different lengths.
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (a finished request leaves the batch)."""
@@ -109,19 +125,30 @@ class KVCache:
         """Drop the first n columns (padding that no remaining row needs)."""
         self.keys = [k[:, :, n:] for k in self.keys]
         self.values = [v[:, :, n:] for v in self.values]
+        self.filled = [f - n for f in self.filled]
 
     @staticmethod
     def concat(caches: list[KVCache]) -> KVCache:
-        """Stack caches along the batch, left-padding each with zeros to the longest."""
+        """Stack caches along the batch, right-aligned: shorter ones are left-padded with zeros."""
         S = max(c.length for c in caches)
-
-        def stack(ts: list[torch.Tensor]) -> torch.Tensor:  # (b_i, H, S_i, D) -> (sum b_i, H, S, D)
-            return torch.cat([F.pad(t, (0, 0, S - t.shape[2], 0)) for t in ts])
-
+        capacity = max(S + 16, *(c.keys[0].shape[2] for c in caches))
         out = KVCache(len(caches[0].keys))
-        out.keys = [stack([c.keys[i] for c in caches]) for i in range(len(out.keys))]
-        out.values = [stack([c.values[i] for c in caches]) for i in range(len(out.values))]
+        for layer in range(len(out.keys)):
+            out.keys[layer] = KVCache._right_aligned([c.keys[layer][:, :, : c.length] for c in caches], S, capacity)
+            out.values[layer] = KVCache._right_aligned([c.values[layer][:, :, : c.length] for c in caches], S, capacity)
+        out.filled = [S] * len(out.keys)
         return out
+
+    @staticmethod
+    def _right_aligned(parts: list[torch.Tensor], S: int, capacity: int) -> torch.Tensor:
+        """(b_i, H, S_i, D) tensors -> one (sum b_i, H, capacity, D) buffer, each part ending at column S."""
+        _, H, _, D = parts[0].shape
+        buf = parts[0].new_zeros(sum(p.shape[0] for p in parts), H, capacity, D)
+        row = 0
+        for p in parts:
+            buf[row : row + p.shape[0], :, S - p.shape[2] : S] = p
+            row += p.shape[0]
+        return buf
 
 
 class CausalSelfAttention(nn.Module):
