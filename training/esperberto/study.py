@@ -165,29 +165,31 @@ def write_report(results: dict[str, dict], out: Path, models: dict[str, RobertaF
 
 
 def plot_histograms(models: dict[str, RobertaForMaskedLM], results: dict[str, dict], out: Path) -> None:
-    fig, axes = plt.subplots(1, len(PARAMS), figsize=(4 * len(PARAMS), 3.2))
-    for ax, p in zip(axes, PARAMS.values(), strict=True):
-        for name, model in models.items():
-            values = torch.cat(
-                [
-                    attention_output(model, i).get_parameter(p).detach().flatten()
-                    for i in range(model.config.num_hidden_layers)
-                ]
-            )
-            ax.hist(values.float().numpy(), bins=80, alpha=0.5, label=name, density=True)
-        ax.set_title(f"attention.output.{p}", fontsize=9)
+    """Overlaid per-variant histograms of the attention-output parameters and activations."""
+    params = {
+        f"attention.output.{p}": {
+            name: torch.cat([attention_output(m, i).get_parameter(p).detach().flatten().float()
+                             for i in range(m.config.num_hidden_layers)]).numpy()
+            for name, m in models.items()
+        }
+        for p in PARAMS.values()
+    }  # fmt: skip
+    activations = {
+        f"activations: {col}": {name: r["_samples"][col] for name, r in results.items()} for col in ACTIVATIONS
+    }
+    save_histogram_grid(params, out / "kurtosis_parameters.png", bins=80)
+    save_histogram_grid(activations, out / "kurtosis_activations.png", bins=100)
+
+
+def save_histogram_grid(panels: dict[str, dict[str, np.ndarray]], path: Path, bins: int) -> None:
+    """One log-scale panel per title, one overlaid histogram per variant."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (title, series) in zip(axes, panels.items(), strict=True):
+        for name, values in series.items():
+            ax.hist(values, bins=bins, alpha=0.5, label=name, density=True)
+        ax.set_title(title, fontsize=9)
         ax.set_yscale("log")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(out / "kurtosis_parameters.png", dpi=100)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, len(ACTIVATIONS), figsize=(4 * len(ACTIVATIONS), 3.2))
-    for ax, col in zip(axes, ACTIVATIONS, strict=True):
-        for name, r in results.items():
-            ax.hist(r["_samples"][col], bins=100, alpha=0.5, label=name, density=True)
-        ax.set_title(f"activations: {col}", fontsize=9)
-        ax.set_yscale("log")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "kurtosis_activations.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
