@@ -81,11 +81,17 @@ def free_port() -> int:
 
 def start_server(model_id: str) -> tuple[subprocess.Popen, str, float]:
     port = free_port()
-    env = {**os.environ, "TINYSERVE_PORT": str(port), "TINYSERVE_MODELS": json.dumps([model_id]),
-           "TINYSERVE_MAX_BATCH_SIZE": "32", "TINYSERVE_MAX_QUEUE": "128"}  # fmt: skip
+    env = {
+        **os.environ,
+        "TINYSERVE_PORT": str(port),
+        "TINYSERVE_MODELS": json.dumps([model_id]),
+        "TINYSERVE_MAX_BATCH_SIZE": "32",
+        "TINYSERVE_MAX_QUEUE": "128",
+    }
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "server"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     base = f"http://127.0.0.1:{port}"
     while time.perf_counter() - start < 120:
         try:
@@ -126,8 +132,16 @@ def hf_static_batch(model, tok, n: int) -> float:
     ids = tok.encode(PROMPT).ids
     x = torch.tensor([ids] * n)
     with torch.inference_mode():
-        t = timed(lambda: twin.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                        min_new_tokens=NEW_TOKENS, do_sample=False), repeat=1)  # fmt: skip
+        t = timed(
+            lambda: twin.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+            ),
+            repeat=1,
+        )
     return n * NEW_TOKENS / t
 
 
@@ -221,20 +235,39 @@ def main() -> None:
     print("fill-mask", fm, flush=True)
 
     rows = [
-        (f"single-stream decode (greedy, {NEW_TOKENS} tokens)", f"{single['ours_tok_s']:.0f} tok/s",
-         f"HF `generate()`, GPT-2 of the same size: {single['hf_tok_s']:.0f} tok/s",
-         f"**{single['ratio']:.2f}x** (goal ≥ 2.5x)"),
-        *((f"{n} concurrent HTTP streams, aggregate", f"{ours:.0f} tok/s (TTFT p50 {ttft * 1e3:.0f} ms)",
-           f"HF static batch of {n}, in process: {theirs:.0f} tok/s", f"**{ours / theirs:.2f}x**")
-          for n, (ours, theirs, ttft) in conc.items()),
-        (f"fill-mask p50 latency ({mlm_name})", f"{fm['ours_ms']:.1f} ms",
-         f"HF `pipeline('fill-mask')`: {fm['hf_ms']:.1f} ms", f"**{fm['ratio']:.2f}x faster** (goal ≥ 2x)"),
-        ("/generate, 8 tokens: HTTP vs in-process", f"{overhead['http_ms']:.1f} ms",
-         f"in process: {overhead['in_process_ms']:.1f} ms", f"overhead {overhead['overhead_ms']:.1f} ms"),
+        (
+            f"single-stream decode (greedy, {NEW_TOKENS} tokens)",
+            f"{single['ours_tok_s']:.0f} tok/s",
+            f"HF `generate()`, GPT-2 of the same size: {single['hf_tok_s']:.0f} tok/s",
+            f"**{single['ratio']:.2f}x** (goal ≥ 2.5x)",
+        ),
+        *(
+            (
+                f"{n} concurrent HTTP streams, aggregate",
+                f"{ours:.0f} tok/s (TTFT p50 {ttft * 1e3:.0f} ms)",
+                f"HF static batch of {n}, in process: {theirs:.0f} tok/s",
+                f"**{ours / theirs:.2f}x**",
+            )
+            for n, (ours, theirs, ttft) in conc.items()
+        ),
+        (
+            f"fill-mask p50 latency ({mlm_name})",
+            f"{fm['ours_ms']:.1f} ms",
+            f"HF `pipeline('fill-mask')`: {fm['hf_ms']:.1f} ms",
+            f"**{fm['ratio']:.2f}x faster** (goal ≥ 2x)",
+        ),
+        (
+            "/generate, 8 tokens: HTTP vs in-process",
+            f"{overhead['http_ms']:.1f} ms",
+            f"in process: {overhead['in_process_ms']:.1f} ms",
+            f"overhead {overhead['overhead_ms']:.1f} ms",
+        ),
         ("cold start (process start to /health 200)", f"{cold:.1f} s", "", ""),
-    ]  # fmt: skip
-    table = "\n".join(["| measurement | ours | peer (same run) | ratio |", "|---|---|---|---|"]
-                      + ["| " + " | ".join(r) + " |" for r in rows])  # fmt: skip
+    ]
+    table = "\n".join(
+        ["| measurement | ours | peer (same run) | ratio |", "|---|---|---|---|"]
+        + ["| " + " | ".join(r) + " |" for r in rows]
+    )
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     n_prompt = len(tok.encode(PROMPT).ids)
     text = (

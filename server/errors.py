@@ -9,8 +9,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None, error_type: str = "validation",
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        error_type: str = "validation",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.field, self.error_type, self.headers = (
             status,

@@ -18,8 +18,12 @@ RETRY_AFTER_S = "1"
 def encode_prompt(m: ServedModel, text: str, settings: Settings, truncate: int | None, field: str) -> list[int]:
     """Prompt token ids; over-long prompts are refused unless truncation is asked for (or configured)."""
     if len(text) > settings.max_prompt_chars:
-        raise APIError(422, f"{field}: prompt has {len(text)} characters; the limit is {settings.max_prompt_chars} "
-                       "(refused, not truncated)", field)  # fmt: skip
+        raise APIError(
+            422,
+            f"{field}: prompt has {len(text)} characters; the limit is {settings.max_prompt_chars} "
+            "(refused, not truncated)",
+            field,
+        )
     ids = m.tokenizer.encode(text, add_special_tokens=False).ids
     if not ids:
         raise APIError(422, f"{field}: prompt must not be empty", field)
@@ -28,14 +32,26 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, truncate: int |
     limit = m.model.config.context_length - 1
     if len(ids) > limit:
         if not settings.truncate_prompt:
-            raise APIError(422, f"{field}: prompt is {len(ids)} tokens; model {m.id} takes at most {limit} "
-                           "(refused; set parameters.truncate to keep the last tokens)", field)  # fmt: skip
+            raise APIError(
+                422,
+                f"{field}: prompt is {len(ids)} tokens; model {m.id} takes at most {limit} "
+                "(refused; set parameters.truncate to keep the last tokens)",
+                field,
+            )
         ids = ids[-limit:]
     return ids
 
 
-def sampling_params(p, settings: Settings, *, greedy: bool, temperature: float | None, max_new_tokens: int,
-                    top_logprobs: int, want_logprobs: bool) -> SamplingParams:  # fmt: skip
+def sampling_params(
+    p,
+    settings: Settings,
+    *,
+    greedy: bool,
+    temperature: float | None,
+    max_new_tokens: int,
+    top_logprobs: int,
+    want_logprobs: bool,
+) -> SamplingParams:
     """Shared by the TGI and OpenAI routes; `p` carries the common fields and the EOS controls."""
     eos_bias = settings.default_eos_bias if p.eos_bias is None else p.eos_bias
     return SamplingParams(
@@ -78,8 +94,9 @@ async def events(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
     try:
-        req = m.engine.submit(prompt_ids, params, lambda e: loop.call_soon_threadsafe(queue.put_nowait, e),
-                              settings.request_timeout_s)  # fmt: skip
+        req = m.engine.submit(
+            prompt_ids, params, lambda e: loop.call_soon_threadsafe(queue.put_nowait, e), settings.request_timeout_s
+        )
     except QueueFullError as e:
         raise APIError(
             429, f"server busy: {e}; retry later", None, "overloaded", {"Retry-After": RETRY_AFTER_S}

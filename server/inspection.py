@@ -80,8 +80,14 @@ def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[i
         if any(not 0 <= i < n for i in sel):
             raise APIError(422, f"{name}: indices must be in [0, {n}) for model {m.id}", name)
     w = torch.stack([weights[i][0, heads].float().cpu() for i in layers])  # (L, H, T, T)
-    return {"model": m.id, "attention_variant": m.variant, "tokens": tokens, "layers": layers, "heads": heads,
-            "weights": w}  # fmt: skip
+    return {
+        "model": m.id,
+        "attention_variant": m.variant,
+        "tokens": tokens,
+        "layers": layers,
+        "heads": heads,
+        "weights": w,
+    }
 
 
 def attention_png(result: dict) -> bytes:
@@ -143,7 +149,13 @@ def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) 
         for p, cid in zip(cand_probs.tolist(), cand_ids.tolist(), strict=True):
             filled = ids.clone()
             filled[pos] = cid
-            row.append({"score": p, "token": cid, "token_str": tok.decode([cid]),
-                        "sequence": tok.decode(filled, skip_special_tokens=True)})  # fmt: skip
+            row.append(
+                {
+                    "score": p,
+                    "token": cid,
+                    "token_str": tok.decode([cid]),
+                    "sequence": tok.decode(filled, skip_special_tokens=True),
+                }
+            )
         results.append(row)
     return results[0] if len(results) == 1 else results

@@ -36,6 +36,11 @@ class Metrics:
     def __init__(self, models: dict) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("tinyserve_requests", "HTTP requests", ["path", "status"], registry=self.registry)
-        self.latency = Histogram("tinyserve_request_seconds", "HTTP request latency", ["path"], registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))  # fmt: skip
+        self.latency = Histogram(
+            "tinyserve_request_seconds",
+            "HTTP request latency",
+            ["path"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
         self.registry.register(EngineCollector(models))

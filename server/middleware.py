@@ -12,8 +12,13 @@ from server.errors import error_body
 
 async def _reject(send: Send, status: int, message: str, error_type: str, headers: list | None = None) -> None:
     body = json.dumps(error_body(message, error_type)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -61,6 +66,11 @@ class BearerAuth:
         auth = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, given = auth.partition(b" ")
         if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.token):
-            return await _reject(send, 401, "missing or wrong bearer token (header Authorization: Bearer <token>)",
-                                 "unauthorized", [(b"www-authenticate", b"Bearer")])  # fmt: skip
+            return await _reject(
+                send,
+                401,
+                "missing or wrong bearer token (header Authorization: Bearer <token>)",
+                "unauthorized",
+                [(b"www-authenticate", b"Bearer")],
+            )
         await self.app(scope, receive, send)

@@ -148,12 +148,21 @@ def test_openai_client_completions(client):
     from openai import OpenAI
 
     oai = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
-    c = oai.completions.create(model="tiny-gpt", prompt="The castle", max_tokens=6, temperature=0, logprobs=2,
-                               extra_body={"eos_bias": -1e9})  # fmt: skip
+    c = oai.completions.create(
+        model="tiny-gpt", prompt="The castle", max_tokens=6, temperature=0, logprobs=2, extra_body={"eos_bias": -1e9}
+    )
     assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 6
     assert len(c.choices[0].logprobs.token_logprobs) == 6 and len(c.choices[0].logprobs.top_logprobs[0]) == 2
-    chunks = list(oai.completions.create(model="tiny-gpt", prompt="The castle", max_tokens=6, temperature=0,
-                                         stream=True, extra_body={"eos_bias": -1e9}))  # fmt: skip
+    chunks = list(
+        oai.completions.create(
+            model="tiny-gpt",
+            prompt="The castle",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            extra_body={"eos_bias": -1e9},
+        )
+    )
     assert "".join(ch.choices[0].text for ch in chunks) == c.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
 

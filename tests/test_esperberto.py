@@ -104,11 +104,21 @@ def test_hooks_see_every_layer_and_every_position(variant):
 def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
     mlm_tokenizer.save_pretrained(tmp_path / "tok")
     cfg = MLMTrainConfig(
-        data=str(TINY_WIKI), out=str(tmp_path / "run"), variant="softmax1", preset="tiny",
-        tokenizer=str(tmp_path / "tok"), block_size=32, holdout_every=4, batch_size=8, max_steps=40, lr=3e-3,
-        warmup_steps=4, eval_steps=20, bf16=False,
+        data=str(TINY_WIKI),
+        out=str(tmp_path / "run"),
+        variant="softmax1",
+        preset="tiny",
+        tokenizer=str(tmp_path / "tok"),
+        block_size=32,
+        holdout_every=4,
+        batch_size=8,
+        max_steps=40,
+        lr=3e-3,
+        warmup_steps=4,
+        eval_steps=20,
+        bf16=False,
         export=str(tmp_path / "store"),
-    )  # fmt: skip
+    )
     metrics = train_mlm(cfg, command="test")
     _, valid = split_lines(read_corpus(str(TINY_WIKI)), 4)
     blocks = encode_blocks(valid, mlm_tokenizer, 32)

@@ -17,9 +17,19 @@ TINY_MODEL = dict(n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, d
 
 def tiny_train_config(out, **overrides) -> TrainConfig:
     base = dict(
-        data=str(TINY_WIKI), out=str(out), vocab_size=300, model=GPTConfig(**TINY_MODEL), batch_size=8,
-        max_steps=60, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=20, eval_batches=2, save_interval=20,
-    )  # fmt: skip
+        data=str(TINY_WIKI),
+        out=str(out),
+        vocab_size=300,
+        model=GPTConfig(**TINY_MODEL),
+        batch_size=8,
+        max_steps=60,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_steps=5,
+        eval_interval=20,
+        eval_batches=2,
+        save_interval=20,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -68,12 +78,42 @@ def test_learning_rate_schedule_warms_up_then_decays():
 def test_two_process_ddp_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-        "-m", "training", "gpt", "--data", str(TINY_WIKI), "--out", str(tmp_path), "--vocab-size", "300",
-        "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context-length", "16", "--batch-size", "4",
-        "--max-steps", "6", "--eval-interval", "3", "--save-interval", "3", "--eval-batches", "1", "--device", "cpu",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29533",
+        "-m",
+        "training",
+        "gpt",
+        "--data",
+        str(TINY_WIKI),
+        "--out",
+        str(tmp_path),
+        "--vocab-size",
+        "300",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--d-model",
+        "16",
+        "--context-length",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "6",
+        "--eval-interval",
+        "3",
+        "--save-interval",
+        "3",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
         "--no-final-eval",
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = read_log(tmp_path)

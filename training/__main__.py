@@ -152,8 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     add_kurtosis_parser(sub)
     args = parser.parse_args(argv)
     args.command_line = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
-    runners = {"tokenizer": run_tokenizer, "gpt": run_gpt, "eval": run_eval, "complete": run_complete,
-               "esperberto": run_esperberto, "kurtosis": run_kurtosis}  # fmt: skip
+    runners = {
+        "tokenizer": run_tokenizer,
+        "gpt": run_gpt,
+        "eval": run_eval,
+        "complete": run_complete,
+        "esperberto": run_esperberto,
+        "kurtosis": run_kurtosis,
+    }
     runners[args.command](args)
 
 
@@ -172,18 +178,42 @@ def run_gpt(args) -> None:
     from training.trainer import TrainConfig, train
 
     model = GPTConfig(
-        n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model, d_ff=args.d_ff or 4 * args.d_model,
-        context_length=args.context_length, dropout=args.dropout, attn_dropout=args.attn_dropout,
-        softmax=args.softmax, tie_weights=not args.no_tie_weights,
-    )  # fmt: skip
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        d_ff=args.d_ff or 4 * args.d_model,
+        context_length=args.context_length,
+        dropout=args.dropout,
+        attn_dropout=args.attn_dropout,
+        softmax=args.softmax,
+        tie_weights=not args.no_tie_weights,
+    )
     cfg = TrainConfig(
-        data=args.data, out=args.out, export=args.export, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-        doc_mode=args.doc_mode, model=model, batch_size=args.batch_size, grad_accum=args.grad_accum,
-        max_steps=args.max_steps, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_interval=args.eval_interval,
-        eval_batches=args.eval_batches, save_interval=args.save_interval, seed=args.seed, device=args.device,
-        amp=args.amp, compile=args.compile, final_eval=not args.no_final_eval, stop_at=args.stop_at,
-    )  # fmt: skip
+        data=args.data,
+        out=args.out,
+        export=args.export,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        doc_mode=args.doc_mode,
+        model=model,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        max_steps=args.max_steps,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        eval_interval=args.eval_interval,
+        eval_batches=args.eval_batches,
+        save_interval=args.save_interval,
+        seed=args.seed,
+        device=args.device,
+        amp=args.amp,
+        compile=args.compile,
+        final_eval=not args.no_final_eval,
+        stop_at=args.stop_at,
+    )
     train(cfg, command=args.command_line)
 
 
@@ -219,11 +249,23 @@ def run_esperberto(args) -> None:
     from training.esperberto.train import MLMTrainConfig, train_mlm
 
     cfg = MLMTrainConfig(
-        data=args.data, out=args.out, export=args.export, variant=args.variant, preset=args.preset,
-        tokenizer=args.tokenizer, vocab_size=args.vocab_size, block_size=args.block_size,
-        holdout_every=args.holdout_every, batch_size=args.batch_size, max_steps=args.max_steps, lr=args.lr,
-        warmup_steps=args.warmup_steps, eval_steps=args.eval_steps, seed=args.seed, bf16=not args.no_bf16,
-    )  # fmt: skip
+        data=args.data,
+        out=args.out,
+        export=args.export,
+        variant=args.variant,
+        preset=args.preset,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        block_size=args.block_size,
+        holdout_every=args.holdout_every,
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        eval_steps=args.eval_steps,
+        seed=args.seed,
+        bf16=not args.no_bf16,
+    )
     train_mlm(cfg, command=args.command_line)
 
 
@@ -245,8 +287,10 @@ def run_kurtosis(args) -> None:
             "parameters": parameter_kurtosis(model),
         }
         results[name].update(activation_study(model, blocks))
-    note = (f"Measured by `{args.command_line}` on {len(blocks)} held-out blocks of {args.block_size} tokens "
-            "(every position of every block; eval mode). Std is across layers (numpy, ddof=0).")  # fmt: skip
+    note = (
+        f"Measured by `{args.command_line}` on {len(blocks)} held-out blocks of {args.block_size} tokens "
+        "(every position of every block; eval mode). Std is across layers (numpy, ddof=0)."
+    )
     print(write_report(results, Path(args.out), models, note))
 
 

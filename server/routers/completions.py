@@ -26,9 +26,15 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     m = find_model(registry, body.model, "gpt", "model")
     check_logit_bias(m, body.logit_bias, "logit_bias")
     ids = encode_prompt(m, body.prompt, settings, None, "prompt")
-    params = sampling_params(body, settings, greedy=body.temperature == 0, temperature=body.temperature,
-                             max_new_tokens=body.max_tokens, top_logprobs=body.logprobs or 0,
-                             want_logprobs=body.logprobs is not None)  # fmt: skip
+    params = sampling_params(
+        body,
+        settings,
+        greedy=body.temperature == 0,
+        temperature=body.temperature,
+        max_new_tokens=body.max_tokens,
+        top_logprobs=body.logprobs or 0,
+        want_logprobs=body.logprobs is not None,
+    )
     params.top_p = body.top_p if body.top_p < 1 and body.temperature > 0 else None
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     prefix = body.prompt if body.echo else ""
@@ -55,10 +61,16 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
                 finish = e
         if finish is None:
             raise APIError(499, "client disconnected", None, "cancelled")
-        choice = Choice(text=prefix + finish.text, logprobs=logprobs_of(tokens, len(prefix)),
-                        finish_reason=OPENAI_FINISH[finish.reason])  # fmt: skip
-        usage = Usage(prompt_tokens=finish.prompt_tokens, completion_tokens=finish.generated_tokens,
-                      total_tokens=finish.prompt_tokens + finish.generated_tokens)  # fmt: skip
+        choice = Choice(
+            text=prefix + finish.text,
+            logprobs=logprobs_of(tokens, len(prefix)),
+            finish_reason=OPENAI_FINISH[finish.reason],
+        )
+        usage = Usage(
+            prompt_tokens=finish.prompt_tokens,
+            completion_tokens=finish.generated_tokens,
+            total_tokens=finish.prompt_tokens + finish.generated_tokens,
+        )
         return Completion(id=cid, created=created, model=m.id, choices=[choice], usage=usage)
 
     async def stream():

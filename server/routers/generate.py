@@ -31,9 +31,15 @@ def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings):
     check_logit_bias(m, p.logit_bias, "parameters.logit_bias")
     ids = encode_prompt(m, body.inputs, settings, p.truncate, "inputs")
     want_logprobs = p.details or p.top_n_tokens is not None
-    params = sampling_params(p, settings, greedy=not p.do_sample, temperature=p.temperature,
-                             max_new_tokens=p.max_new_tokens, top_logprobs=p.top_n_tokens or 0,
-                             want_logprobs=want_logprobs)  # fmt: skip
+    params = sampling_params(
+        p,
+        settings,
+        greedy=not p.do_sample,
+        temperature=p.temperature,
+        max_new_tokens=p.max_new_tokens,
+        top_logprobs=p.top_n_tokens or 0,
+        want_logprobs=want_logprobs,
+    )
     return m, ids, params
 
 
@@ -42,8 +48,10 @@ def tgi_token(m, e: TokenEvent) -> Token:
 
 
 def top_tokens(m, e: TokenEvent) -> list[Token]:
-    return [Token(id=t, text=m.tokenizer.decode([t]), logprob=lp, special=t == m.model.config.eos_token_id)
-            for t, lp in e.top_logprobs]  # fmt: skip
+    return [
+        Token(id=t, text=m.tokenizer.decode([t]), logprob=lp, special=t == m.model.config.eos_token_id)
+        for t, lp in e.top_logprobs
+    ]
 
 
 @router.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)
@@ -66,9 +74,13 @@ async def generate(
     text = (body.inputs if body.parameters.return_full_text else "") + finish.text
     details = None
     if body.parameters.details:
-        details = Details(finish_reason=finish.reason, generated_tokens=finish.generated_tokens,
-                          seed=body.parameters.seed, tokens=tokens,
-                          top_tokens=tops if body.parameters.top_n_tokens else None)  # fmt: skip
+        details = Details(
+            finish_reason=finish.reason,
+            generated_tokens=finish.generated_tokens,
+            seed=body.parameters.seed,
+            tokens=tokens,
+            top_tokens=tops if body.parameters.top_n_tokens else None,
+        )
     return GenerateResponse(generated_text=text, details=details)
 
 

@@ -19,11 +19,15 @@ TASKS = {"gpt": ["generate", "completions", "score", "attention"], "roberta-mlm"
 def summary(m: ServedModel) -> ModelSummary:
     c = m.config
     return ModelSummary(
-        id=m.id, kind=m.kind, tasks=TASKS[m.kind], attention=m.variant,
+        id=m.id,
+        kind=m.kind,
+        tasks=TASKS[m.kind],
+        attention=m.variant,
         parameters=sum(p.numel() for p in m.model.parameters()),
-        layers=c.get("n_layer") or c.get("num_hidden_layers"), heads=c.get("n_head") or c.get("num_attention_heads"),
+        layers=c.get("n_layer") or c.get("num_hidden_layers"),
+        heads=c.get("n_head") or c.get("num_attention_heads"),
         context_length=c.get("context_length") or c.get("max_position_embeddings"),
-    )  # fmt: skip
+    )
 
 
 @router.get("/models", response_model=list[ModelSummary])
@@ -55,11 +59,16 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
     """Service limits and devices (TGI's /info, extended)."""
     devices = sorted({str(next(m.model.parameters()).device) for m in registry.models.values()})
     return Info(
-        models=list(registry.models), devices=devices, max_batch_size=settings.max_batch_size,
-        max_queue=settings.max_queue, max_new_tokens_cap=settings.max_new_tokens_cap,
-        max_prompt_chars=settings.max_prompt_chars, request_timeout_s=settings.request_timeout_s,
-        default_eos_bias=settings.default_eos_bias, auth=settings.api_token is not None,
-    )  # fmt: skip
+        models=list(registry.models),
+        devices=devices,
+        max_batch_size=settings.max_batch_size,
+        max_queue=settings.max_queue,
+        max_new_tokens_cap=settings.max_new_tokens_cap,
+        max_prompt_chars=settings.max_prompt_chars,
+        request_timeout_s=settings.request_timeout_s,
+        default_eos_bias=settings.default_eos_bias,
+        auth=settings.api_token is not None,
+    )
 
 
 @router.get("/metrics", response_class=Response)

@@ -125,18 +125,34 @@ def mean_std(values: list[float]) -> str:
 def write_report(results: dict[str, dict], out: Path, models: dict[str, RobertaForMaskedLM], note: str = "") -> str:
     """Markdown tables (the original study's layout) + JSON + histogram PNGs in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# EsperBERTo: softmax0 vs softmax1", "", note, "",
-             "## Excess kurtosis of attention-output weights (mean ± std across layers)", "",
-             "| Model | " + " | ".join(PARAMS) + " |", "|---" * (len(PARAMS) + 1) + "|"]  # fmt: skip
+    lines = [
+        "# EsperBERTo: softmax0 vs softmax1",
+        "",
+        note,
+        "",
+        "## Excess kurtosis of attention-output weights (mean ± std across layers)",
+        "",
+        "| Model | " + " | ".join(PARAMS) + " |",
+        "|---" * (len(PARAMS) + 1) + "|",
+    ]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(mean_std(r["parameters"][c]) for c in PARAMS) + " |")
-    lines += ["", "## Excess kurtosis of attention-output activations (mean ± std across layers)", "",
-              "| Model | " + " | ".join(ACTIVATIONS) + " |", "|---" * (len(ACTIVATIONS) + 1) + "|"]  # fmt: skip
+    lines += [
+        "",
+        "## Excess kurtosis of attention-output activations (mean ± std across layers)",
+        "",
+        "| Model | " + " | ".join(ACTIVATIONS) + " |",
+        "|---" * (len(ACTIVATIONS) + 1) + "|",
+    ]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(mean_std(r["activations"][c]) for c in ACTIVATIONS) + " |")
-    lines += ["", "## Where attention goes (mean over heads and query positions)", "",
-              "| Model | layer | mass on nothing (1 − row sum) | mass on first token `<s>` | max head on nothing |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Where attention goes (mean over heads and query positions)",
+        "",
+        "| Model | layer | mass on nothing (1 − row sum) | mass on first token `<s>` | max head on nothing |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         for layer, (nm, fm) in enumerate(zip(r["nothing_mass"], r["first_token_mass"], strict=True)):
             lines.append(f"| {name} | {layer} | {np.mean(nm):.3f} | {np.mean(fm):.3f} | {max(nm):.3f} |")
@@ -168,12 +184,16 @@ def plot_histograms(models: dict[str, RobertaForMaskedLM], results: dict[str, di
     """Overlaid per-variant histograms of the attention-output parameters and activations."""
     params = {
         f"attention.output.{p}": {
-            name: torch.cat([attention_output(m, i).get_parameter(p).detach().flatten().float()
-                             for i in range(m.config.num_hidden_layers)]).numpy()
+            name: torch.cat(
+                [
+                    attention_output(m, i).get_parameter(p).detach().flatten().float()
+                    for i in range(m.config.num_hidden_layers)
+                ]
+            ).numpy()
             for name, m in models.items()
         }
         for p in PARAMS.values()
-    }  # fmt: skip
+    }
     activations = {
         f"activations: {col}": {name: r["_samples"][col] for name, r in results.items()} for col in ACTIVATIONS
     }

@@ -89,8 +89,13 @@ def evaluate_mlm(
         top1 += (best5[:, 0] == labels[sel]).sum().item()
         top5 += (best5 == labels[sel].unsqueeze(-1)).any(-1).sum().item()
         n += int(sel.sum())
-    return {"mlm_loss": round(nll / n, 4), "perplexity": round(math.exp(nll / n), 2),
-            "top1_accuracy": round(top1 / n, 4), "top5_accuracy": round(top5 / n, 4), "masked_tokens": n}  # fmt: skip
+    return {
+        "mlm_loss": round(nll / n, 4),
+        "perplexity": round(math.exp(nll / n), 2),
+        "top1_accuracy": round(top1 / n, 4),
+        "top5_accuracy": round(top5 / n, 4),
+        "masked_tokens": n,
+    }
 
 
 def train_mlm(cfg: MLMTrainConfig, command: str = "") -> dict:
@@ -103,33 +108,55 @@ def train_mlm(cfg: MLMTrainConfig, command: str = "") -> dict:
     if len(valid_blocks) == 0:
         raise ValueError(f"held-out split has fewer than {cfg.block_size} tokens: lower --holdout-every")
     model = build_model(make_config(cfg.preset, cfg.variant, vocab_size=len(tokenizer)), seed=cfg.seed)
-    print(f"{cfg.variant}: {model.num_parameters():,} parameters, {train_blocks.numel():,} train tokens "
-          f"({len(train_blocks)} blocks), {valid_blocks.numel():,} held-out tokens")  # fmt: skip
+    print(
+        f"{cfg.variant}: {model.num_parameters():,} parameters, {train_blocks.numel():,} train tokens "
+        f"({len(train_blocks)} blocks), {valid_blocks.numel():,} held-out tokens"
+    )
 
     use_cuda = torch.cuda.is_available()
     args = TrainingArguments(
-        output_dir=str(out / "trainer"), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps,
-        lr_scheduler_type="linear", weight_decay=cfg.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
-        eval_strategy="steps", eval_steps=cfg.eval_steps, logging_steps=cfg.eval_steps, save_steps=cfg.eval_steps,
-        save_total_limit=1, bf16=cfg.bf16, use_cpu=not use_cuda, report_to=[], dataloader_num_workers=0,
+        output_dir=str(out / "trainer"),
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="linear",
+        weight_decay=cfg.weight_decay,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        eval_strategy="steps",
+        eval_steps=cfg.eval_steps,
+        logging_steps=cfg.eval_steps,
+        save_steps=cfg.eval_steps,
+        save_total_limit=1,
+        bf16=cfg.bf16,
+        use_cpu=not use_cuda,
+        report_to=[],
+        dataloader_num_workers=0,
         disable_tqdm=False,
-    )  # fmt: skip
+    )
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.mlm_probability, seed=cfg.seed)
     eval_subset = Blocks(valid_blocks[: 8 * cfg.batch_size])  # a fixed slice for the periodic check
-    trainer = Trainer(model=model, args=args, train_dataset=Blocks(train_blocks), eval_dataset=eval_subset,
-                      data_collator=collator)  # fmt: skip
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Blocks(train_blocks), eval_dataset=eval_subset, data_collator=collator
+    )
     last = sorted((out / "trainer").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     start = time.time()
     trainer.train(resume_from_checkpoint=str(last[-1]) if last else None)
     wall = time.time() - start
 
     metrics = {
-        "variant": cfg.variant, "preset": cfg.preset, "parameters": model.num_parameters(), "steps": cfg.max_steps,
-        "wall_time_s": round(wall, 1), "train_tokens": train_blocks.numel(), "config": asdict(cfg),
+        "variant": cfg.variant,
+        "preset": cfg.preset,
+        "parameters": model.num_parameters(),
+        "steps": cfg.max_steps,
+        "wall_time_s": round(wall, 1),
+        "train_tokens": train_blocks.numel(),
+        "config": asdict(cfg),
         "final_train_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
         "heldout": evaluate_mlm(model, tokenizer, valid_blocks, cfg.batch_size),
-    }  # fmt: skip
+    }
     log = training_log(trainer.state.log_history)
     export(model, tokenizer, out / "model", metrics, log, command)
     if cfg.export:
