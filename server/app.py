@@ -8,13 +8,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
 
 from server.config import Settings
 from server.errors import install_error_handlers
 from server.metrics import Metrics
 from server.middleware import BearerAuth, BodySizeLimit
 from server.registry import ModelRegistry
-from server.routers import completions, generate, inspect, models
+from server.routers import completions, demo, generate, inspect, models
 
 log = logging.getLogger("tinyserve")
 
@@ -46,6 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(generate.router)
     app.include_router(completions.router)
     app.include_router(inspect.router)
+    app.include_router(demo.router)
+    app.mount("/static", StaticFiles(directory=demo.STATIC_DIR), name="static")
 
     @app.middleware("http")
     async def record(request: Request, call_next):

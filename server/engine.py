@@ -16,7 +16,7 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -290,13 +290,20 @@ class GenerationEngine:
 
     # -- synchronous use (tests, command line, Cog) --------------------------------------------
 
+    def stream(self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None) -> Iterator[Event]:
+        """Submit and yield every event as it comes; closing the iterator early cancels the request."""
+        events: queue.Queue[Event] = queue.Queue()
+        req = self.submit(prompt_ids, params, events.put, timeout_s)
+        try:
+            while not isinstance(event := events.get(), FinishEvent):
+                yield event
+            yield event
+        finally:
+            req.cancel()
+
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None
     ) -> tuple[list[TokenEvent], FinishEvent]:
         """Submit and wait: every token event, then the finish event."""
-        events: queue.Queue[Event] = queue.Queue()
-        self.submit(prompt_ids, params, events.put, timeout_s)
-        tokens = []
-        while not isinstance(event := events.get(), FinishEvent):
-            tokens.append(event)
-        return tokens, event
+        *tokens, finish = self.stream(prompt_ids, params, timeout_s)
+        return tokens, finish

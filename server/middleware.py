@@ -55,13 +55,17 @@ class BodyTooLarge(Exception):
 
 
 class BearerAuth:
-    """When a token is configured, every path but the exempt ones needs `Authorization: Bearer <token>`."""
+    """When a token is configured, every path but the exempt ones needs `Authorization: Bearer <token>`.
+
+    The demo page's own files (GET / and /static/) are public: they hold no data, and the calls the
+    page makes to the API carry the token the user types into it.
+    """
 
     def __init__(self, app: ASGIApp, token: str, exempt: list[str]) -> None:
         self.app, self.token, self.exempt = app, token.encode(), set(exempt)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or scope["path"] in self.exempt or scope["method"] == "OPTIONS" or _demo(scope):
             return await self.app(scope, receive, send)
         auth = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, given = auth.partition(b" ")
@@ -74,3 +78,7 @@ class BearerAuth:
                 [(b"www-authenticate", b"Bearer")],
             )
         await self.app(scope, receive, send)
+
+
+def _demo(scope: Scope) -> bool:
+    return scope["method"] in ("GET", "HEAD") and (scope["path"] == "/" or scope["path"].startswith("/static/"))

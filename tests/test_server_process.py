@@ -1,44 +1,17 @@
 """The real server: `python -m server` under uvicorn on 127.0.0.1, spoken to over the socket."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 
 from model_store.store import write_checkpoint
-from tests.conftest import REPO, tiny_gpt
+from tests.conftest import tiny_gpt
+from tests.processes import http_server
 from training.tokenizer import eos_id
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_uvicorn_process_serves_generate(tmp_path, tiny_tokenizer):
     model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=48)
     write_checkpoint(tmp_path / "tiny-gpt", model, tiny_tokenizer, card="# tiny\n", metrics={})
-    port = free_port()
-    env = {**os.environ, "TINYSERVE_STORE": str(tmp_path), "TINYSERVE_PORT": str(port), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("server did not become healthy in 60 s")
+    with http_server(tmp_path) as (base, proc):
         r = httpx.post(
             f"{base}/generate", json={"inputs": "The castle", "parameters": {"max_new_tokens": 5}}, timeout=30
         )
@@ -47,7 +20,6 @@ def test_uvicorn_process_serves_generate(tmp_path, tiny_tokenizer):
             "POST", f"{base}/generate_stream", json={"inputs": "The", "parameters": {"max_new_tokens": 3}}, timeout=30
         ) as s:
             assert sum(line.startswith("data:") for line in s.iter_lines()) >= 1
-    finally:
         proc.terminate()
         output = proc.communicate(timeout=30)[0].decode()
     # uvicorn drains, then re-raises SIGTERM so the exit status says how it ended

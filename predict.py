@@ -1,0 +1,134 @@
+"""Cog predictor: `cog predict -i prompt="..."`, on the same registry and engine as the HTTP server.
+
+One model page, three tasks. The output is always a stream of text (`ConcatenateIterator[str]`, so
+completions stream token by token on Replicate); `task=attention` streams one item, the heatmap PNG
+as a `data:image/png;base64,...` URI (what cog itself returns for a file output when it has no upload
+URL), which `scripts/cog_predict.py` writes to a file.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+from cog import BasePredictor, ConcatenateIterator, Input, streaming
+
+from model_store import list_checkpoints
+from server.config import Settings
+from server.engine import FinishEvent
+from server.errors import APIError
+from server.generation import NEVER, encode_prompt
+from server.inspection import attention, attention_png, fill_mask
+from server.registry import ModelRegistry, UnknownModelError
+from server.sampling import SamplingParams
+
+AUTO = "auto"
+MODELS = [AUTO, *sorted(c.id for c in list_checkpoints() if c.ok)]
+
+
+class Predictor(BasePredictor):
+    def setup(self) -> None:
+        """Load every shipped checkpoint once and warm it up (TINYSERVE_* variables apply, as for the server)."""
+        self.settings = Settings()
+        self.registry = ModelRegistry(self.settings)
+        self.registry.load_all()
+        self.registry.start()
+
+    @streaming
+    def predict(
+        self,
+        prompt: str = Input(
+            description="complete: the prompt. fill-mask: an Esperanto sentence with <mask>. "
+            "attention: the sentence whose attention to draw.",
+            min_length=1,
+            max_length=20_000,
+        ),
+        task: str = Input(
+            default="complete", choices=["complete", "fill-mask", "attention"], description="What to do."
+        ),
+        model: str = Input(
+            default=AUTO,
+            choices=MODELS,
+            description="auto: the GPT for complete and attention, both EsperBERTo variants for fill-mask.",
+        ),
+        max_new_tokens: int = Input(default=64, ge=1, le=256, description="complete: tokens to generate at most."),
+        temperature: float = Input(default=0.8, ge=0.0, le=5.0, description="complete: 0 = greedy."),
+        top_k: int = Input(
+            default=0, ge=0, le=50_000, description="complete: sample among the k most likely (0 = off)."
+        ),
+        top_p: float = Input(default=1.0, ge=0.01, le=1.0, description="complete: nucleus mass (1 = off)."),
+        repetition_penalty: float = Input(
+            default=1.0, ge=0.01, le=10.0, description="complete: > 1 discourages repeats."
+        ),
+        stop: str = Input(default="", max_length=1000, description="complete: stop sequences, separated by '|'."),
+        seed: int = Input(default=-1, ge=-1, description="complete: same seed, same output (-1 = random)."),
+        eos_bias: float = Input(
+            default=0.0,
+            ge=-1e9,
+            le=100.0,
+            description="complete: added to the end-of-text logit; negative = longer outputs, -1e9 = never stop.",
+        ),
+        eos_bias_decay: float = Input(
+            default=1.0,
+            ge=0.01,
+            le=1.0,
+            description="complete: the EOS bias shrinks by this factor per token (1 = constant).",
+        ),
+        min_new_tokens: int = Input(
+            default=0, ge=0, le=256, description="complete: no end-of-text before this many tokens."
+        ),
+        top_n: int = Input(default=5, ge=1, le=50, description="fill-mask: candidates per mask."),
+        layer: int = Input(default=-1, ge=-1, le=63, description="attention: layer to draw (-1 = all)."),
+        head: int = Input(default=-1, ge=-1, le=63, description="attention: head to draw (-1 = all)."),
+    ) -> ConcatenateIterator[str]:
+        try:
+            if task == "complete":
+                params = SamplingParams(
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens,
+                    temperature=temperature,
+                    top_k=top_k or None,
+                    top_p=None if top_p >= 1.0 else top_p,
+                    repetition_penalty=repetition_penalty,
+                    stop=[s for s in stop.split("|") if s],
+                    seed=None if seed < 0 else seed,
+                    eos_bias=float("-inf") if eos_bias <= NEVER else eos_bias,
+                    eos_bias_decay=None if eos_bias_decay >= 1.0 else eos_bias_decay,
+                )
+                yield from self._complete(model, prompt, params)
+            elif task == "fill-mask":
+                yield from self._fill_mask(model, prompt, top_n)
+            else:
+                yield self._attention(model, prompt, layer, head)
+        except (APIError, UnknownModelError) as e:
+            raise ValueError(getattr(e, "message", str(e))) from None  # cog reports it as the failure
+
+    def _complete(self, model_id: str, prompt: str, params: SamplingParams) -> Iterator[str]:
+        m = self.registry.default("gpt") if model_id == AUTO else self.registry.get(model_id, "gpt")
+        ids = encode_prompt(m, prompt, self.settings, None, "prompt")
+        for event in m.engine.stream(ids, params, self.settings.request_timeout_s):
+            text = event.tail if isinstance(event, FinishEvent) else event.text
+            if text:
+                yield text
+            if isinstance(event, FinishEvent) and event.reason not in ("length", "eos_token", "stop_sequence"):
+                raise ValueError(f"generation ended: {event.reason} {event.message}".strip())
+
+    def _fill_mask(self, model_id: str, prompt: str, top_n: int) -> Iterator[str]:
+        if model_id == AUTO:
+            models = [m for m in self.registry.models.values() if m.kind == "roberta-mlm"]
+        else:
+            models = [self.registry.get(model_id, "roberta-mlm")]
+        if not models:
+            raise ValueError("model: no fill-mask model is served")
+        for m in models:
+            result = fill_mask(m, prompt.replace("[MASK]", m.tokenizer.mask_token), top_n, None)
+            per_mask = result if isinstance(result[0], list) else [result]
+            yield f"{m.id} ({m.variant})\n"
+            for i, candidates in enumerate(per_mask, 1):
+                row = ", ".join(f"{c['token_str'].strip()!r} {c['score']:.3f}" for c in candidates)
+                yield f"  mask {i}: {row}\n"
+
+    def _attention(self, model_id: str, prompt: str, layer: int, head: int) -> str:
+        m = self.registry.default("gpt") if model_id == AUTO else self.registry.get(model_id)
+        result = attention(m, prompt, None if layer < 0 else [layer], None if head < 0 else [head])
+        return "data:image/png;base64," + base64.b64encode(attention_png(result)).decode()

@@ -1,0 +1,52 @@
+"""Real server processes for the end-to-end tests: uvicorn (`python -m server`) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def http_server(store: Path, **settings: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m server` on a free port over `store`; yields (base URL, process) once /health is 200."""
+    port = free_port()
+    env = {**os.environ, "TINYSERVE_STORE": str(store), "TINYSERVE_PORT": str(port), "PYTHONPATH": str(REPO)}
+    env.update({f"TINYSERVE_{k.upper()}": v for k, v in settings.items()})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited with {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("server did not become healthy in 60 s")
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
