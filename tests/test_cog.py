@@ -1,0 +1,141 @@
+"""The Cog package: cog's own HTTP server (coglet) running predict.py as a real process on tiny models,
+spoken to as `cog predict` and Replicate do, plus the committed schema being current."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from model_store.store import write_checkpoint
+from scripts.cog_predict import SCHEMA_PATH, free_port, parse_inputs, predict_stream, start_server, wait_ready
+from scripts.cog_schema import build
+from tests.conftest import tiny_gpt
+from training.tokenizer import eos_id
+
+
+def test_committed_schema_is_what_the_inspector_gives():
+    """`.cog/openapi_schema.json` must be regenerated whenever predict.py's inputs change."""
+    committed = json.loads(SCHEMA_PATH.read_text())
+    assert committed == build(), "run: python scripts/cog_schema.py"
+    inputs = committed["components"]["schemas"]["Input"]
+    assert inputs["required"] == ["prompt"]
+    assert inputs["properties"]["top_p"]["maximum"] == 1.0
+    assert committed["paths"]["/predictions"]["post"]["x-cog-streaming"] is True
+    assert committed["components"]["schemas"]["Output"]["x-cog-array-display"] == "concatenate"
+
+
+def test_cli_inputs_are_typed_by_the_schema():
+    schema = json.loads(SCHEMA_PATH.read_text())
+    assert parse_inputs(["prompt=a=b", "max_new_tokens=5", "top_p=0.5", "task=attention"], schema) == {
+        "prompt": "a=b",
+        "max_new_tokens": 5,
+        "top_p": 0.5,
+        "task": "attention",
+    }
+    with pytest.raises(SystemExit, match="max_new_tokens must be integer"):
+        parse_inputs(["max_new_tokens=many"], schema)
+
+
+@pytest.fixture(scope="module")
+def cog_store(store, tmp_path_factory, tiny_tokenizer):
+    """The tiny store's EsperBERTos plus a tiny GPT with room for long generations (to cancel one)."""
+    root = tmp_path_factory.mktemp("cog-store")
+    vocab, eos = tiny_tokenizer.get_vocab_size(), eos_id(tiny_tokenizer)
+    model = tiny_gpt(vocab_size=vocab, eos_token_id=eos, context_length=512)
+    write_checkpoint(root / "tiny-gpt", model, tiny_tokenizer, card="# tiny gpt\n", metrics={})
+    for variant in ("softmax0", "softmax1"):
+        shutil.copytree(store / f"tiny-mlm-{variant}", root / f"tiny-mlm-{variant}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cog_server(cog_store):
+    port = free_port()
+    proc = start_server(port, {"TINYSERVE_STORE": str(cog_store)})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc, timeout_s=120)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_health_check_ready(cog_server):
+    health = httpx.get(f"{cog_server}/health-check").json()
+    assert health["status"] == "READY" and health["setup"]["status"] == "succeeded"
+
+
+def test_prediction_is_reproducible(cog_server):
+    body = {"input": {"prompt": "The castle", "max_new_tokens": 8, "seed": 3, "eos_bias": -1e9}}
+    first = httpx.post(f"{cog_server}/predictions", json=body, timeout=60).json()
+    second = httpx.post(f"{cog_server}/predictions", json=body, timeout=60).json()
+    assert first["status"] == "succeeded", first
+    assert len(first["output"]) >= 1 and first["output"] == second["output"]
+
+
+def test_streaming_events(cog_server):
+    inputs = {"prompt": "The castle", "max_new_tokens": 20, "seed": 5, "eos_bias": -1e9}
+    events = list(predict_stream(cog_server, inputs))
+    names = [e for e, _ in events]
+    assert names[0] == "start" and names[-1] == "completed" and names.count("output") >= 2
+    chunks = [d["chunk"] for e, d in events if e == "output"]
+    assert events[-1][1]["status"] == "succeeded" and events[-1][1]["output"] == chunks
+
+
+def test_fill_mask_and_attention_tasks(cog_server):
+    fill = httpx.post(
+        f"{cog_server}/predictions", json={"input": {"prompt": "The <mask> was", "task": "fill-mask", "top_n": 3}}
+    ).json()
+    text = "".join(fill["output"])
+    assert "tiny-mlm-softmax0 (softmax0)" in text and "tiny-mlm-softmax1 (softmax1)" in text
+    att = httpx.post(
+        f"{cog_server}/predictions",
+        json={"input": {"prompt": "The castle", "task": "attention", "layer": 0, "head": 1}},
+        timeout=60,
+    ).json()
+    uri = "".join(att["output"])
+    assert uri.startswith("data:image/png;base64,")
+    assert base64.b64decode(uri.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_out_of_range_input_is_422(cog_server):
+    r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "x", "top_p": 5}})
+    assert r.status_code == 422 and "top_p" in r.text and "maximum" in r.text
+    r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "x", "task": "translate"}})
+    assert r.status_code == 422 and "task" in r.text
+
+
+def test_bad_prompt_fails_with_the_rule(cog_server):
+    r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "no mask here", "task": "fill-mask"}})
+    assert r.json()["status"] == "failed" and "no <mask> token" in r.json()["error"]
+
+
+def test_cancel_stops_a_long_prediction(cog_server):
+    pid = "cancel-me"
+    body = {"id": pid, "input": {"prompt": "The castle", "max_new_tokens": 256, "eos_bias": -1e9}}
+    events: list = []
+
+    def stream():
+        headers = {"Accept": "text/event-stream"}
+        with httpx.stream("PUT", f"{cog_server}/predictions/{pid}", json=body, headers=headers, timeout=60) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data:"))
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 30
+    while len(events) < 3 and time.monotonic() < deadline:  # running and streaming
+        time.sleep(0.05)
+    assert httpx.post(f"{cog_server}/predictions/{pid}/cancel").status_code == 200
+    t.join(timeout=30)
+    final = json.loads(events[-1][5:])
+    assert final["status"] == "canceled" and len(final["output"]) < 256
+    # the single slot is free again
+    r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "The", "max_new_tokens": 2}}, timeout=60)
+    assert r.json()["status"] == "succeeded"

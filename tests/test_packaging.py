@@ -1,0 +1,51 @@
+"""Packaging stays consistent: one pinned requirements list for pip, Cog and Docker; a lint-clean Dockerfile."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import requires
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def requirement_lines() -> list[str]:
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def test_requirements_are_exact_pins_with_the_project_torch():
+    reqs = requirement_lines()
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", r) for r in reqs), reqs
+    assert "torch==2.13.0" in reqs and "torch==2.13.0" in (REPO / "constraints.txt").read_text()
+
+
+def test_installed_package_declares_requirements_txt():
+    declared = {r for r in requires("tinyserve") if "extra ==" not in r}
+    assert declared == set(requirement_lines())
+
+
+def test_cog_yaml_builds_the_predictor_on_the_same_requirements():
+    cog = yaml.safe_load((REPO / "cog.yaml").read_text())
+    assert cog["predict"] == "predict.py:Predictor" and (REPO / "predict.py").exists()
+    assert cog["build"] == {"gpu": True, "python_version": "3.11", "python_requirements": "requirements.txt"}
+
+
+def test_dockerfile_installs_the_requirements_and_copies_what_the_server_imports():
+    text = (REPO / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -r requirements.txt" in text
+    for package in ("training/", "model_store/", "server/"):
+        assert f"COPY --chown=tinyserve:tinyserve {package} {package}" in text
+    assert re.search(r"^USER 10001$", text, re.M) and "HEALTHCHECK" in text and "/health" in text
+    assert "EXPOSE 8000" in text and '"server.app:app"' in text
+
+
+def test_hadolint_passes():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([hadolint, "Dockerfile"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
