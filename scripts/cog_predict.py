@@ -1,7 +1,7 @@
 """`cog predict -i key=value` without Docker: start cog's HTTP server on predict.py, run one prediction.
 
-    python scripts/cog_predict.py -i prompt="The history of" -i max_new_tokens=40
-    python scripts/cog_predict.py -i task=attention -i prompt="The cat sat" -i layer=0 -o attention.png
+    python -m scripts.cog_predict -i prompt="The history of" -i max_new_tokens=40
+    python -m scripts.cog_predict -i task=attention -i prompt="The cat sat" -i layer=0 -o attention.png
 
 Starts `python -m cog.server.http` (coglet) with COG_PREDICT_TYPE_STUB=predict.py:Predictor, waits for
 /health-check to say READY, POSTs /predictions with server-sent events and prints the text as it
@@ -15,13 +15,14 @@ import argparse
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from scripts.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / ".cog" / "openapi_schema.json"
@@ -45,12 +46,6 @@ def parse_inputs(pairs: list[str], schema: dict) -> dict:
         except ValueError:
             sys.exit(f"-i {pair!r}: {key} must be {kind}")
     return inputs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port: int, env: dict | None = None) -> subprocess.Popen:

@@ -5,8 +5,8 @@ inspected by cog's own Python inspector (`cog._inspector.create_predictor`), and
 output fragment comes from cog's own type objects (`json_type()`); this script only assembles the
 OpenAPI envelope around them (Input, Output, PredictionRequest, PredictionResponse, Status).
 
-    python scripts/cog_schema.py            # writes .cog/openapi_schema.json
-    python scripts/cog_schema.py --check    # exits 1 when the committed file is out of date
+    python -m scripts.cog_schema            # writes .cog/openapi_schema.json
+    python -m scripts.cog_schema --check    # exits 1 when the committed file is out of date
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main() -> None:
     text = json.dumps(build(args.predictor), indent=2) + "\n"
     if args.check:
         if not SCHEMA_PATH.exists() or SCHEMA_PATH.read_text() != text:
-            sys.exit(f"{SCHEMA_PATH.relative_to(ROOT)} is out of date: run python scripts/cog_schema.py")
+            sys.exit(f"{SCHEMA_PATH.relative_to(ROOT)} is out of date: run python -m scripts.cog_schema")
         return
     SCHEMA_PATH.parent.mkdir(exist_ok=True)
     SCHEMA_PATH.write_text(text)

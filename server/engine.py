@@ -79,6 +79,8 @@ class _Row:
         self.max_new = max_new
         self.stop = StopMatcher(req.params.stop)
         self.decoded = ""  # text of `generated` fed to the stop matcher so far
+        self.prefix_offset = 0  # incremental detokenisation window: generated[prefix_offset:read_offset]
+        self.read_offset = 0  # is already in `decoded`
         self.generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
 
 
@@ -230,7 +232,8 @@ class GenerationEngine:
         last = torch.tensor([[row.generated[-1]] for row in self._rows], device=self.device)
         positions = torch.tensor([[row.length] for row in self._rows], device=self.device)
         self._mask = torch.cat([self._mask, torch.ones_like(last)], dim=1)
-        logits = self.model(last, attention_mask=self._mask, position_ids=positions, kv_cache=self._cache).logits
+        mask = None if bool(self._mask.all()) else self._mask  # unpadded: the kernel's fast path
+        logits = self.model(last, attention_mask=mask, position_ids=positions, kv_cache=self._cache).logits
         logits = logits[:, -1].float().cpu()
         for row, row_logits in zip(self._rows, logits, strict=True):
             row.length += 1
@@ -258,17 +261,29 @@ class GenerationEngine:
             return False
         row.generated.append(token)
         row.seen.append(token)
-        text = self.tokenizer.decode(row.generated)
-        new_text = ""
-        if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 character
-            new_text, row.decoded = text[len(row.decoded) :], text
-        released, stopped = row.stop.feed(new_text)
+        released, stopped = row.stop.feed(self._new_text(row))
         at_length = len(row.generated) >= row.max_new
         self._emit(req, TokenEvent(token, released, logprob, top, last=stopped or at_length))
         if stopped or at_length:
             self._finish(row, "stop_sequence" if stopped else "length")
             return False
         return True
+
+    def _new_text(self, row: _Row) -> str:
+        """The text the newest token adds, decoding a short window rather than the whole output.
+
+        Byte-level BPE tokens need their neighbours to decode (a character can span tokens), so the
+        window starts at the previous token that completed text; an incomplete UTF-8 character
+        decodes to U+FFFD and is held back until the next token completes it.
+        """
+        ids = row.generated
+        before = self.tokenizer.decode(ids[row.prefix_offset : row.read_offset])
+        text = self.tokenizer.decode(ids[row.prefix_offset :])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""
+        row.prefix_offset, row.read_offset = row.read_offset, len(ids)
+        row.decoded += text[len(before) :]
+        return text[len(before) :]
 
     @staticmethod
     def _emit(req: GenerationRequest, event: Event) -> None:

@@ -136,10 +136,12 @@ def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) 
                 tid = enc_t[0]
             target_ids.append(tid)
         target_ids = torch.tensor(sorted(set(target_ids)))
-    logits = m.model(**enc.to(next(m.model.parameters()).device)).logits[0].float().cpu()
+    # the LM head only where the masks are (the encoder runs once over the whole text)
+    hidden = m.model.roberta(**enc.to(next(m.model.parameters()).device)).last_hidden_state[0, positions]
+    logits = m.model.lm_head(hidden).float().cpu()  # (masks, V)
     results = []
-    for pos in positions:
-        probs = torch.softmax(logits[pos], dim=-1)
+    for i, pos in enumerate(positions):
+        probs = torch.softmax(logits[i], dim=-1)
         if target_ids is not None:
             cand_probs, order = probs[target_ids].topk(min(top_k, len(target_ids)))
             cand_ids = target_ids[order]

@@ -22,7 +22,7 @@ from training.tokenizer import eos_id
 def test_committed_schema_is_what_the_inspector_gives():
     """`.cog/openapi_schema.json` must be regenerated whenever predict.py's inputs change."""
     committed = json.loads(SCHEMA_PATH.read_text())
-    assert committed == build(), "run: python scripts/cog_schema.py"
+    assert committed == build(), "run: python -m scripts.cog_schema"
     inputs = committed["components"]["schemas"]["Input"]
     assert inputs["required"] == ["prompt"]
     assert inputs["properties"]["top_p"]["maximum"] == 1.0

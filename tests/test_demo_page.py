@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import http_server
+from scripts.processes import http_server
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 

@@ -1,6 +1,7 @@
 import statistics
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,3 +175,16 @@ def test_a_failing_sink_does_not_hurt_the_batch(engine):
     engine.submit(prompt(engine), SamplingParams(max_new_tokens=30, eos_bias=float("-inf")), broken)
     fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=10, eos_bias=float("-inf")))[1]
     assert fin.reason == "length" and fin.generated_tokens == 10
+
+
+def test_incremental_detokenisation_is_exact_across_split_characters(engine):
+    text = "naïve café, 東京 🙂 done"
+    ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
+    row = SimpleNamespace(generated=[], prefix_offset=0, read_offset=0, decoded="")
+    pieces = []
+    for token in ids:
+        row.generated.append(token)
+        pieces.append(engine._new_text(row))
+    assert "".join(pieces) == text == row.decoded
+    assert not any("\ufffd" in p for p in pieces)
+    assert pieces.count("") >= 3  # the emoji's bytes arrive as separate tokens and wait for each other

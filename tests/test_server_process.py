@@ -3,8 +3,8 @@
 import httpx
 
 from model_store.store import write_checkpoint
+from scripts.processes import http_server
 from tests.conftest import tiny_gpt
-from tests.processes import http_server
 from training.tokenizer import eos_id
 
 

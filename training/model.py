@@ -165,7 +165,7 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, T, C)
-        mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = plain causal (T == S)
+        mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal (T == S) or T == 1
         layer: int,
         kv_cache: KVCache | None,
         return_attention: bool,
@@ -181,10 +181,11 @@ class CausalSelfAttention(nn.Module):
 
         weights = None
         if self.softmax_name == "softmax" and not return_attention:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+            causal = mask is None and T > 1
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         else:
-            if mask is None:
-                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            if mask is None:  # causal over T == S keys, or one query that sees them all
+                mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - T)
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # (B, H, T, S)
             scores = scores.masked_fill(~mask, float("-inf"))  # -inf *before* the normaliser
             weights = self.softmax(scores, -1)
@@ -271,9 +272,11 @@ class GPT(nn.Module):
             position_ids = torch.arange(past, S, device=idx.device).expand(B, T)
 
         # key j is visible to query i iff j <= i (causal) and j is not padding; a query always sees
-        # itself, so no row is empty (padding rows compute garbage that nobody reads)
-        mask = None  # plain causal: lets the fused attention kernel take its fastest path
-        if past or attention_mask is not None:
+        # itself, so no row is empty (padding rows compute garbage that nobody reads).
+        # None lets the fused attention kernel take its fastest path: plain causal when T == S, and
+        # no mask at all for one new token after an unpadded cache (it may see every key).
+        mask = None
+        if (past and T > 1) or attention_mask is not None:
             mask = self._attention_mask(B, T, past, attention_mask, idx.device)
 
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper

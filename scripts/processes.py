@@ -1,4 +1,4 @@
-"""Real server processes for the end-to-end tests: uvicorn (`python -m server`) on 127.0.0.1."""
+"""Real server processes on 127.0.0.1, for the end-to-end tests and the scripts: free ports, `python -m server`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Command-line helpers: the no-Docker `cog predict`, the Cog schema, demo screenshots."""
