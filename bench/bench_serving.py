@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from model_store import STORE_ROOT, list_checkpoints, load_gpt, load_mlm  # noqa: E402
+from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
 from server.engine import GenerationEngine  # noqa: E402
 from server.sampling import SamplingParams  # noqa: E402
 
@@ -165,11 +165,13 @@ def http_overhead(base: str, model, tok) -> dict:
 def fill_mask_latency(folder: Path) -> dict:
     import transformers
 
+    from server.config import Settings
     from server.inspection import fill_mask
-    from server.registry import ServedModel
+    from server.registry import ModelRegistry
 
-    model, tok = load_mlm(folder)
-    served = ServedModel(folder.name, "roberta-mlm", model, tok, folder, {})
+    registry = ModelRegistry(Settings(store=folder.parent, models=[folder.name]))  # loaded as the server does
+    registry.load_all()
+    served = registry.get(folder.name)
     text = "La suno <mask> hodiaŭ ."
     pipe = transformers.pipeline("fill-mask", model=str(folder))
 
