@@ -103,12 +103,15 @@ async def events(
         ) from None
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), timeout=0.5)
-            except TimeoutError:
-                if is_disconnected is not None and await is_disconnected():
-                    return
-                continue
+            if queue.empty():  # wait_for costs a task per call: only pay it when there is nothing to read
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except TimeoutError:
+                    if is_disconnected is not None and await is_disconnected():
+                        return
+                    continue
+            else:
+                event = queue.get_nowait()
             if isinstance(event, FinishEvent) and event.reason == "timeout":
                 raise APIError(
                     408, f"request exceeded its time limit of {settings.request_timeout_s} s", None, "timeout"
