@@ -5,6 +5,7 @@ import json
 import time
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from server.app import create_app
@@ -214,6 +215,19 @@ def test_attention_png_and_bad_indices(client):
     assert r.status_code == 422 and r.json()["field"] == "layers"
     r = client.post("/attention", json={"model": "tiny-gpt", "text": "word " * 100})
     assert r.status_code == 422 and "at most 48" in r.json()["error"]
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_attention_png_survives_mathtext_tokens(layers):
+    """Token labels come from client text: '$\\frac{$' must be drawn as text, not parsed as mathtext."""
+    from server.inspection import attention_png
+
+    tokens = ["$\\frac{$", "$x$", "ok"]
+    result = {"weights": torch.rand(layers, 2, 3, 3), "tokens": tokens, "layers": list(range(layers)),
+              "heads": [0, 1], "model": "m", "attention_variant": "softmax"}  # fmt: skip
+    assert attention_png(result)[:4] == b"\x89PNG"
+    single = {**result, "weights": result["weights"][:1, :1], "layers": [0], "heads": [0]}
+    assert attention_png(single)[:4] == b"\x89PNG"
 
 
 def test_fill_mask_pipeline_format_and_both_variants(client):

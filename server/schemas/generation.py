@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, Field, Strict, StringConstraints, field_validator
+
+from server.schemas.base import RequestModel, Text
 
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
-StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+StopSequence = Annotated[Text, StringConstraints(min_length=1, max_length=200)]
+TokenIdKey = Annotated[int, Strict(False)]  # JSON object keys are strings: "50256" is a token id
 LogitBias = Annotated[
-    dict[int, Annotated[float, Field(ge=-100, le=100)]],
+    dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]],
     Field(max_length=300, description="Token id -> additive logit bias in [-100, 100] (at most 300)."),
 ]
 
 
-class EosControls(BaseModel):
+class EosControls(RequestModel):
     """EOS downweighting, shared by the TGI and OpenAI formats (our extension)."""
 
     eos_bias: float | None = Field(
@@ -38,10 +41,10 @@ class EosControls(BaseModel):
 
 
 class GenerateParameters(EosControls):
-    model_config = ConfigDict(extra="forbid")
-
     model: str | None = Field(None, description="Model id from GET /models (default: the first completion model).")
-    max_new_tokens: int = Field(20, ge=1, description="Tokens to generate at most (capped by the server).")
+    max_new_tokens: int = Field(
+        20, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
+    )
     do_sample: bool = Field(False, description="Sample; false = greedy decoding (as TGI).")
     temperature: float | None = Field(None, gt=0.0, le=100.0, description="Softmax temperature (> 0) when sampling.")
     top_k: int | None = Field(None, gt=0, description="Sample among the k most likely tokens.")
@@ -76,10 +79,8 @@ class GenerateParameters(EosControls):
         return v
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: str = Field(..., min_length=1, description="The prompt.")
+class GenerateRequest(RequestModel):
+    inputs: Text = Field(..., min_length=1, description="The prompt.")
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
     stream: bool = Field(False, description="POST / only (TGI compatibility route): stream server-sent events.")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from server.schemas.base import RequestModel, Text
 
 
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ScoreRequest(RequestModel):
     model: str | None = Field(None, description="A completion model (default: the first).")
-    text: str = Field(..., min_length=1, description="Text to score; every token after the first is predicted.")
+    text: Text = Field(..., min_length=1, description="Text to score; every token after the first is predicted.")
     top_n_tokens: int = Field(0, ge=0, le=10, description="Also return this many most likely alternatives per token.")
 
 
@@ -30,11 +30,9 @@ class ScoreResponse(BaseModel):
     scored_tokens: int
 
 
-class AttentionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AttentionRequest(RequestModel):
     model: str = Field(..., description="Any served model (completion or fill-mask).")
-    text: str = Field(..., min_length=1, description="Sentence whose attention to show.")
+    text: Text = Field(..., min_length=1, description="Sentence whose attention to show.")
     layers: list[int] | None = Field(None, max_length=64, description="Layer indices (default: all).")
     heads: list[int] | None = Field(None, max_length=64, description="Head indices (default: all).")
     format: Literal["json", "png"] = Field("json", description="json (bertviz shape) or a PNG heatmap grid.")
@@ -54,10 +52,8 @@ class AttentionResponse(BaseModel):
     )
 
 
-class FillMaskRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: str = Field(..., min_length=1, description="Text with one or more <mask> tokens.")
+class FillMaskRequest(RequestModel):
+    inputs: Text = Field(..., min_length=1, description="Text with one or more <mask> tokens.")
     model: str | None = Field(None, description="A fill-mask model id; default: chosen by `variant`.")
     variant: Literal["softmax0", "softmax1", "both"] = Field(
         "softmax0", description="Which EsperBERTo, or both side by side."

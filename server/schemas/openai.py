@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
+from server.schemas.base import Text
 from server.schemas.generation import EosControls, LogitBias, StopSequence
 
 
 class CompletionRequest(EosControls):
-    model_config = ConfigDict(extra="forbid")
-
     model: str = Field(..., description="Model id from GET /models.")
-    prompt: str | list[str] = Field(..., description="The prompt (a list of one string is accepted).")
-    max_tokens: int = Field(16, ge=1, description="Tokens to generate at most (capped by the server).")
+    prompt: Text | list[Text] = Field(..., description="The prompt (a list of one string is accepted).")
+    max_tokens: int = Field(
+        16, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
