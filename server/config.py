@@ -27,6 +27,9 @@ class Settings(BaseSettings):
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )
     request_timeout_s: float = Field(60.0, gt=0, description="per-request time limit")
+    shutdown_grace_s: float = Field(
+        60.0, ge=0, description="on SIGTERM: time in-flight requests (streams too) get to finish; new ones are refused"
+    )
     default_eos_bias: float = Field(0.0, description="EOS logit bias used when a request gives none")
     api_token: SecretStr | None = Field(None, description="when set, requests need 'Authorization: Bearer <token>'")
     auth_exempt: list[str] = Field(["/health", "/metrics"], description="paths that never need the token")

@@ -219,6 +219,7 @@ class GenerationEngine:
                 keep.append(i)
         if len(keep) < len(self._rows):
             self._rows = [self._rows[i] for i in keep]
+            self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
             if not self._rows:
                 self._cache, self._mask = None, None
                 return

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from sse_starlette import EventSourceResponse
+
 from server.config import Settings
 from server.engine import Event, FinishEvent, QueueFullError
 from server.errors import APIError
@@ -123,3 +125,9 @@ async def events(
                 return
     finally:
         req.cancel()
+
+
+def sse_response(stream: AsyncIterator[dict], settings: Settings) -> EventSourceResponse:
+    """Server-sent events that outlive a SIGTERM: sse-starlette ends every stream at once on shutdown
+    unless given a grace period, and a drain must let in-flight generations finish."""
+    return EventSourceResponse(stream, ping=15, shutdown_grace_period=settings.shutdown_grace_s)

@@ -22,7 +22,9 @@ def test_health_models_info(client):
     h = client.get("/health")
     assert h.status_code == 200 and h.json()["models"] == ["tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"]
     assert "broken-gpt" in h.json()["failed"] and "model.safetensors" in h.json()["failed"]["broken-gpt"]
-    models = {m["id"]: m for m in client.get("/models").json()}
+    listed = client.get("/models").json()
+    models = {m["id"]: m for m in listed["data"]}
+    assert "broken-gpt" in listed["failed"] and "model.safetensors" in listed["failed"]["broken-gpt"]
     assert models["tiny-gpt"]["attention"] == "softmax" and "generate" in models["tiny-gpt"]["tasks"]
     assert (
         models["tiny-mlm-softmax1"]["attention"] == "softmax1"

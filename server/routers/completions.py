@@ -7,12 +7,11 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from sse_starlette import EventSourceResponse
 
 from server.dependencies import AppSettings, Registry, find_model
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, error_body
-from server.generation import check_logit_bias, encode_prompt, events, sampling_params
+from server.generation import check_logit_bias, encode_prompt, events, sampling_params, sse_response
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 router = APIRouter(tags=["completion (OpenAI format)"])
@@ -94,4 +93,4 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
             yield {"data": json.dumps({"error": error_body(err.message, err.error_type, err.field)})}
         yield {"data": "[DONE]"}
 
-    return EventSourceResponse(stream(), ping=15)
+    return sse_response(stream(), settings)

@@ -11,7 +11,7 @@ from server.config import Settings
 from server.dependencies import AppSettings, Registry, find_model
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, error_body
-from server.generation import check_logit_bias, encode_prompt, events, sampling_params
+from server.generation import check_logit_bias, encode_prompt, events, sampling_params, sse_response
 from server.registry import ModelRegistry
 from server.schemas.generation import (
     Details,
@@ -122,7 +122,7 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
     def top(e: TokenEvent) -> list[Token] | None:
         return top_tokens(m, e) if body.parameters.top_n_tokens else None
 
-    return EventSourceResponse(stream(), ping=15)
+    return sse_response(stream(), settings)
 
 
 @router.post("/", response_model=list[GenerateResponse], response_model_exclude_none=True)

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError
 from server.registry import ServedModel, UnknownModelError
-from server.schemas.models import Health, Info, ModelCard, ModelSummary
+from server.schemas.models import Health, Info, ModelCard, ModelList, ModelSummary
 
 router = APIRouter(tags=["models and service"])
 
@@ -30,10 +30,10 @@ def summary(m: ServedModel) -> ModelSummary:
     )
 
 
-@router.get("/models", response_model=list[ModelSummary])
-async def list_models(registry: Registry) -> list[ModelSummary]:
-    """Every served model with its task list and attention variant."""
-    return [summary(m) for m in registry.models.values()]
+@router.get("/models", response_model=ModelList)
+async def list_models(registry: Registry) -> ModelList:
+    """Every served model with its task list and attention variant, and the checkpoints refused at start-up."""
+    return ModelList(data=[summary(m) for m in registry.models.values()], failed=registry.failed)
 
 
 @router.get("/models/{model_id}", response_model=ModelCard)

@@ -16,6 +16,11 @@ class ModelSummary(BaseModel):
     context_length: int | None = None
 
 
+class ModelList(BaseModel):
+    data: list[ModelSummary] = Field(description="the served models")
+    failed: dict[str, str] = Field(description="checkpoints refused at start-up, with the reason (file and rule)")
+
+
 class ModelCard(ModelSummary):
     config: dict
     card: str = Field(description="the model card, markdown")

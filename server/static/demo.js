@@ -42,7 +42,7 @@ function showError(message) {
 async function loadModels() {
   const response = await fetch("/models", { headers: headers() });
   if (!response.ok) throw new Error(await errorMessage(response));
-  models = await response.json();
+  models = (await response.json()).data;
   const fill = (select, list) => {
     select.replaceChildren(...list.map((m) => new Option(`${m.id} (${m.attention})`, m.id)));
   };
