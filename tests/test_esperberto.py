@@ -128,3 +128,16 @@ def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
     assert metrics["heldout"]["mlm_loss"] < untrained["mlm_loss"] - 0.5
     assert (tmp_path / "store" / "manifest.json").exists()
     assert "top-5 accuracy" in (tmp_path / "store" / "README.md").read_text()
+
+
+def test_masked_positions_loss_equals_the_models_own_mlm_loss():
+    """The trainer's shortcut (LM head on masked positions only) is the same loss, not an approximation."""
+    from training.esperberto.train import MaskedPositionsTrainer
+
+    model = build_model(make_config("tiny", "softmax1", vocab_size=300), seed=0).eval()  # no dropout
+    ids = torch.randint(5, 300, (3, 20), generator=torch.Generator().manual_seed(0))
+    labels = torch.full_like(ids, -100)
+    labels[:, ::4] = ids[:, ::4]
+    inputs = {"input_ids": ids, "labels": labels}
+    ours = MaskedPositionsTrainer.compute_loss(None, model, inputs)
+    torch.testing.assert_close(ours, model(**inputs).loss)

@@ -49,6 +49,27 @@ class MLMTrainConfig:
     export: str | None = None  # also write the final checkpoint to this model-store folder
 
 
+class MaskedPositionsTrainer(Trainer):
+    """Trainer whose MLM loss runs the LM head on the masked positions only.
+
+    RobertaForMaskedLM projects every position onto the vocabulary although only ~15% carry a label;
+    skipping the rest gives the same loss and gradients at ~0.7x the step time on CPU (the
+    vocabulary projection and its log-softmax dominated the step).
+    """
+
+    loss_is_scaled_for_ga = False  # a per-batch mean
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs["labels"]
+        hidden = model.roberta(
+            input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")
+        ).last_hidden_state  # (B, T, C)
+        masked = labels != -100  # (B, T)
+        logits = model.lm_head(hidden[masked])  # (N, vocab): N masked tokens
+        loss = F.cross_entropy(logits.float(), labels[masked])
+        return (loss, {"logits": logits}) if return_outputs else loss
+
+
 class Blocks(torch.utils.data.Dataset):
     def __init__(self, blocks: torch.Tensor) -> None:
         self.blocks = blocks
@@ -133,12 +154,13 @@ def train_mlm(cfg: MLMTrainConfig, command: str = "") -> dict:
         bf16=cfg.bf16,
         use_cpu=not use_cuda,
         report_to=[],
+        prediction_loss_only=True,
         dataloader_num_workers=0,
         disable_tqdm=False,
     )
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.mlm_probability, seed=cfg.seed)
     eval_subset = Blocks(valid_blocks[: 8 * cfg.batch_size])  # a fixed slice for the periodic check
-    trainer = Trainer(
+    trainer = MaskedPositionsTrainer(
         model=model, args=args, train_dataset=Blocks(train_blocks), eval_dataset=eval_subset, data_collator=collator
     )
     last = sorted((out / "trainer").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
