@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,29 +25,41 @@ def free_port() -> int:
 
 @contextmanager
 def http_server(store: Path, **settings: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m server` on a free port over `store`; yields (base URL, process) once /health is 200."""
+    """`python -m server` on a free port over `store`; yields (base URL, process) once /health is 200.
+
+    The server's output goes to a file (`server_output(proc)` reads it), not a pipe: a pipe nobody
+    reads fills after a few thousand access-log lines and then blocks the server.
+    """
     port = free_port()
     env = {**os.environ, "TINYSERVE_STORE": str(store), "TINYSERVE_PORT": str(port), "PYTHONPATH": str(REPO)}
     env.update({f"TINYSERVE_{k.upper()}": v for k, v in settings.items()})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("server did not become healthy in 60 s")
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        proc.log = log
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise AssertionError(f"server exited with {proc.returncode}: {server_output(proc)[-2000:]}")
+                try:
+                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            else:
+                raise AssertionError("server did not become healthy in 60 s")
+            yield base, proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=90)
+
+
+def server_output(proc: subprocess.Popen) -> str:
+    """Everything an `http_server` process has printed so far."""
+    proc.log.seek(0)
+    return proc.log.read().decode(errors="replace")

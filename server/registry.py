@@ -68,8 +68,12 @@ class ModelRegistry:
                 self.models[info.id] = self._load(info.id, info.path, info.architecture, device, dtype)
                 log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
             except CheckpointError as e:
-                self.failed[info.id] = str(e)
                 log.error("refused %s: %s", info.id, e)
+                # clients see paths inside the store only (/health is public): no machine layout
+                message = str(e)
+                for root in {str(Path(self.settings.store)), str(Path(self.settings.store).resolve())}:
+                    message = message.replace(f"{root}/", "")
+                self.failed[info.id] = message
 
     def _load(
         self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype

@@ -58,6 +58,13 @@ def test_nasty_body_gets_a_clear_4xx(client, path, body):
         ("/fill-mask", {"inputs": "x", "model": "..%2F..%2Fetc"}, 404, "model"),
         ("/v1/completions", {"model": "tiny-gpt/../../x", "prompt": "x"}, 404, "model"),
         ("/fill-mask", {"inputs": "no mask"}, 422, "inputs"),
+        (
+            "/attention",
+            {"model": "tiny-gpt", "text": "x", "heads": [], "format": "png"},
+            422,
+            "heads",
+        ),  # fuzz-found 500
+        ("/attention", {"model": "tiny-mlm-softmax0", "text": "x", "layers": []}, 422, "layers"),
         ("/fill-mask", {"inputs": "<mask> " * 500}, 422, "inputs"),
         ("/attention", {"model": "tiny-gpt", "text": "long " * 1000}, 422, "text"),
         ("/generate", {"inputs": "x" * 30_000}, 422, "inputs"),

@@ -12,7 +12,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_store.store import write_checkpoint, write_manifest
-from scripts.processes import http_server
+from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
 from training.tokenizer import eos_id
 
@@ -67,13 +67,14 @@ def engine_metrics(base: str) -> dict[tuple[str, str], float]:
     }
 
 
-def test_broken_checkpoints_are_refused_naming_the_file_and_the_rest_serve(server):
+def test_broken_checkpoints_are_refused_naming_the_file_and_the_rest_serve(server, faulty_store):
     base, _ = server
     health = httpx.get(f"{base}/health", timeout=10).json()
     assert health["status"] == "ok" and health["models"] == ["good"]
     assert set(health["failed"]) == set(EXPECTED_FAILURES)
     for model_id, message in EXPECTED_FAILURES.items():
         assert message in health["failed"][model_id], (model_id, health["failed"][model_id])
+        assert str(faulty_store) not in health["failed"][model_id]  # public: no machine paths
     listed = httpx.get(f"{base}/models", timeout=10).json()
     assert [m["id"] for m in listed["data"]] == ["good"] and set(listed["failed"]) == set(EXPECTED_FAILURES)
     for model_id in EXPECTED_FAILURES:  # refused models are unknown to every endpoint
@@ -144,5 +145,6 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(faulty_store):
                 if event.get("details"):
                     finish = event["details"]["finish_reason"]
         assert (tokens, finish) == (1000, "length")  # the in-flight stream ran to its end
-        output = proc.communicate(timeout=30)[0].decode()
+        proc.wait(timeout=90)
+        output = server_output(proc)
     assert proc.returncode in (0, -15) and "Application shutdown complete" in output, output[-2000:]

@@ -3,7 +3,7 @@
 import httpx
 
 from model_store.store import write_checkpoint
-from scripts.processes import http_server
+from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
 from training.tokenizer import eos_id
 
@@ -21,6 +21,7 @@ def test_uvicorn_process_serves_generate(tmp_path, tiny_tokenizer):
         ) as s:
             assert sum(line.startswith("data:") for line in s.iter_lines()) >= 1
         proc.terminate()
-        output = proc.communicate(timeout=30)[0].decode()
+        proc.wait(timeout=90)
+        output = server_output(proc)
     # uvicorn drains, then re-raises SIGTERM so the exit status says how it ended
     assert proc.returncode in (0, -15) and "Application shutdown complete" in output, output[-2000:]

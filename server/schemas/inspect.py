@@ -33,8 +33,8 @@ class ScoreResponse(BaseModel):
 class AttentionRequest(RequestModel):
     model: str = Field(..., description="Any served model (completion or fill-mask).")
     text: Text = Field(..., min_length=1, description="Sentence whose attention to show.")
-    layers: list[int] | None = Field(None, max_length=64, description="Layer indices (default: all).")
-    heads: list[int] | None = Field(None, max_length=64, description="Head indices (default: all).")
+    layers: list[int] | None = Field(None, min_length=1, max_length=64, description="Layer indices (default: all).")
+    heads: list[int] | None = Field(None, min_length=1, max_length=64, description="Head indices (default: all).")
     format: Literal["json", "png"] = Field("json", description="json (bertviz shape) or a PNG heatmap grid.")
 
 
