@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The history of the city begins
 
-.PHONY: install serve complete test clean
+.PHONY: install serve complete test reliability clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ complete: install
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The long reliability runs (docs/RELIABILITY.md): >= 1,000 fuzz cases, then 64 clients of mixed load.
+reliability: install
+	$(PY) -m scripts.fuzz_api --max-examples 20 --max-time 240
+	$(PY) bench/load_test.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
