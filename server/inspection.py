@@ -67,7 +67,7 @@ def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[i
         ids = gpt_ids(m, text, "text")
         out = m.model(torch.tensor([ids], device=next(m.model.parameters()).device), return_attention=True)
         weights, tokens = out.attentions, [m.tokenizer.decode([i]) for i in ids]
-        n_layer, n_head = m.model.config.n_layer, m.model.config.n_head
+        n_layer, n_head = m.model.config.n_layer, m.model.config.n_attention_heads
     else:
         enc = mlm_encoding(m, text, "text").to(next(m.model.parameters()).device)
         weights = m.model(**enc, output_attentions=True).attentions

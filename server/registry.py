@@ -31,6 +31,7 @@ class ServedModel:
     engine: GenerationEngine | None = None
     variant: str = "softmax"  # attention normaliser
     card: str = ""
+    settings: dict | None = None  # the attention variant's settings (GPT: score, sharing, masking, positions...)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,14 +86,26 @@ class ModelRegistry:
                 model, tok, model.config.eos_token_id, self.settings.max_batch_size, self.settings.max_queue
             )
             return ServedModel(
-                model_id, "gpt", model, tok, folder, model.config.to_dict(), engine, model.config.softmax, card
+                model_id,
+                "gpt",
+                model,
+                tok,
+                folder,
+                model.config.to_dict(),
+                engine,
+                model.config.softmax,
+                card,
+                model.config.variant(),
             )
         if arch == "roberta-mlm":
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")
             if variant == "softmax0":
                 model.set_attn_implementation("eager")  # returns attention weights (for /attention)
-            return ServedModel(model_id, "roberta-mlm", model, tok, folder, model.config.to_dict(), None, variant, card)
+            settings = {"softmax": variant, "n_head": model.config.num_attention_heads}
+            return ServedModel(
+                model_id, "roberta-mlm", model, tok, folder, model.config.to_dict(), None, variant, card, settings
+            )
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:

@@ -1,4 +1,4 @@
-"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis} --help`."""
+"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis,experiments} --help`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,12 @@ def add_gpt_parser(sub) -> None:
     m.add_argument("--attn-dropout", type=float, default=0.0, help="dropout on attention probabilities")
     m.add_argument("--softmax", default="softmax", choices=["softmax", "softmax1"], help="attention normaliser")
     m.add_argument("--no-tie-weights", action="store_true", help="separate LM-head and token-embedding matrices")
+    m.add_argument(
+        "--variant",
+        default="dot",
+        help="attention variant of training/variants.py (dot, additive, shared-qk, shared-qkv, zero-mask, softmax1, "
+        "learned-pos, rope, dual-relative, dual-symbolic); dual variants split --n-head into self + relational",
+    )
     o = p.add_argument_group("optimisation")
     o.add_argument("--batch-size", type=int, default=32, help="windows per process per micro-step")
     o.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimiser step")
@@ -75,6 +81,17 @@ def add_gpt_parser(sub) -> None:
         "--stop-at", type=int, default=None, help="end this invocation after this step; rerun the command to resume"
     )
     r.add_argument("--no-final-eval", action="store_true", help="skip full valid/test perplexity at the end")
+
+
+def add_experiments_parser(sub) -> None:
+    from training.variants import VARIANTS
+
+    p = sub.add_parser("experiments", help="train every attention variant on a corpus, write docs/experiments/")
+    p.add_argument("--corpus", default="wikitext2", choices=["wikitext2", "tinystories"], help="which shared corpus")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="which variants")
+    p.add_argument("--steps", type=int, default=600, help="optimiser steps per variant (the same for all)")
+    p.add_argument("--runs", default="runs/experiments", help="run folders (a finished run is reused)")
+    p.add_argument("--out", default="docs/experiments", help="where the report goes")
 
 
 def add_eval_parser(sub) -> None:
@@ -129,6 +146,10 @@ def add_esperberto_parser(sub) -> None:
     p.add_argument("--eval-steps", type=int, default=250, help="steps between evaluations and checkpoints")
     p.add_argument("--seed", type=int, default=42, help="seed for weights, data order and masks")
     p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    p.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default: RoBERTa's 0.1)")
+    p.add_argument(
+        "--position-init", default="random", choices=["random", "sinusoidal"], help="initial position embeddings"
+    )
 
 
 def add_kurtosis_parser(sub) -> None:
@@ -150,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     add_complete_parser(sub)
     add_esperberto_parser(sub)
     add_kurtosis_parser(sub)
+    add_experiments_parser(sub)
     args = parser.parse_args(argv)
     args.command_line = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
     runners = {
@@ -159,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         "complete": run_complete,
         "esperberto": run_esperberto,
         "kurtosis": run_kurtosis,
+        "experiments": run_experiments,
     }
     runners[args.command](args)
 
@@ -176,7 +199,11 @@ def run_tokenizer(args) -> None:
 def run_gpt(args) -> None:
     from training.model import GPTConfig
     from training.trainer import TrainConfig, train
+    from training.variants import variant_overrides
 
+    variant = variant_overrides(args.variant)
+    if "n_relational_head" in variant:  # dual attention: half of the heads become relational
+        variant |= {"n_head": args.n_head // 2, "n_relational_head": args.n_head - args.n_head // 2}
     model = GPTConfig(
         n_layer=args.n_layer,
         n_head=args.n_head,
@@ -188,6 +215,7 @@ def run_gpt(args) -> None:
         softmax=args.softmax,
         tie_weights=not args.no_tie_weights,
     )
+    model = GPTConfig.from_dict({**model.to_dict(), **variant})
     cfg = TrainConfig(
         data=args.data,
         out=args.out,
@@ -265,8 +293,18 @@ def run_esperberto(args) -> None:
         eval_steps=args.eval_steps,
         seed=args.seed,
         bf16=not args.no_bf16,
+        dropout=args.dropout,
+        position_init=args.position_init,
     )
     train_mlm(cfg, command=args.command_line)
+
+
+def run_experiments(args) -> None:
+    from training.experiments import ExperimentConfig, run_experiments
+
+    run_experiments(
+        ExperimentConfig(corpus=args.corpus, runs=args.runs, out=args.out, variants=args.variants, max_steps=args.steps)
+    )
 
 
 def run_kurtosis(args) -> None:

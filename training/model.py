@@ -3,11 +3,17 @@
 Everything is written out here, nanoGPT-style: token embedding, sinusoidal positions ("Attention Is
 All You Need"), multi-head causal self-attention whose heads are concatenated and projected (not
 averaged: averaging stalled the original project's training), pre-LayerNorm blocks with a GELU MLP,
-and an (optionally tied) language-model head. The attention normaliser is pluggable (softmax or
-softmax1), the forward pass takes a KV cache for incremental decoding, and it can return every
-layer's attention weights for attention maps.
+and an (optionally tied) language-model head. The forward pass takes a KV cache for incremental
+decoding and can return every layer's attention weights for attention maps.
 
-Shapes: B batch, T new tokens, S = cached + new tokens (keys), C = d_model, H heads, D = C // H.
+The attention variants of the experiments this product grew from are options of this one file
+(see docs/experiments/): score function (dot product or additive), shared Q/K or Q/K/V projections,
+masking (-inf before the normaliser, or the naive zeroing after it, which leaks the future and is
+kept only as a demonstration), normaliser (softmax or softmax1), positions (sinusoidal, learned,
+RoPE), and dual attention: standard heads plus relational heads (Altabaa et al.).
+
+Shapes: B batch, T new tokens, S = cached + new tokens (keys), C = d_model, H heads (self-attention
+plus relational), D = C // H head width, R relations.
 """
 
 from __future__ import annotations
@@ -38,12 +44,42 @@ class GPTConfig:
     bias: bool = True
     softmax: str = "softmax"  # "softmax" or "softmax1" (see training/softmax.py)
     eos_token_id: int = 0
+    # attention variants (the defaults are the standard transformer)
+    score: str = "dot"  # "dot": q.k / sqrt(D); "additive": w2 . tanh(W1 [q; k]) (Bahdanau)
+    qkv_sharing: str = "none"  # "none"; "qk": one projection for queries and keys; "qkv": one for all three
+    masking: str = "causal"  # "causal": -inf before the normaliser; "zero_after": LEAKS the future (demo only)
+    positions: str = "sinusoidal"  # "sinusoidal" (added), "learned" (added), "rope" (rotates q and k)
+    n_relational_head: int = 0  # relational-attention heads beside the n_head self-attention heads
+    n_relations: int = 0  # relations r(x_i, x_j) per relational layer; 0 = as many as relational heads
+    symbol_type: str = "position_relative"  # relational symbols: "position_relative" or "symbolic_attention"
+    n_symbols: int = 64  # size of the symbol library for symbolic_attention
     architecture: str = field(default="gpt", init=False)
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        heads = self.n_head + self.n_relational_head
+        if heads < 1 or self.d_model % heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head + n_relational_head={heads}")
         get_softmax(self.softmax)  # fail early on an unknown name
+        for name, allowed in VARIANT_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {allowed}")
+
+    @property
+    def n_attention_heads(self) -> int:
+        """Every head that has attention weights: self-attention then relational."""
+        return self.n_head + self.n_relational_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_attention_heads
+
+    def variant(self) -> dict:
+        """The attention settings that differ between the experiment's variants."""
+        keys = ("score", "qkv_sharing", "masking", "softmax", "positions", "n_head", "n_relational_head")
+        out = {k: getattr(self, k) for k in keys}
+        if self.n_relational_head:
+            out |= {"n_relations": self.n_relations or self.n_relational_head, "symbol_type": self.symbol_type}
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,86 +100,116 @@ class GPTConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+VARIANT_CHOICES = {
+    "score": ("dot", "additive"),
+    "qkv_sharing": ("none", "qk", "qkv"),
+    "masking": ("causal", "zero_after"),
+    "positions": ("sinusoidal", "learned", "rope"),
+    "symbol_type": ("position_relative", "symbolic_attention"),
+}
+
+
+def sinusoidal_angles(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """positions (B, T) -> angles p / 10000^(2i/dim), (B, T, dim/2): shared by sinusoidal PE and RoPE."""
+    half = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = torch.exp(-math.log(10000.0) * half / dim)  # (dim/2,)
+    return positions.float().unsqueeze(-1) * inv_freq
+
+
 def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...). (B, T) int -> (B, T, C) float.
 
     Computed from the positions on the fly, so any position (e.g. deep into a KV cache) works.
     """
-    half = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)
-    inv_freq = torch.exp(-math.log(10000.0) * half / d_model)  # (C/2,)
-    angles = positions.float().unsqueeze(-1) * inv_freq  # (B, T, C/2)
+    angles = sinusoidal_angles(positions, d_model)  # (B, T, C/2)
     pe = torch.zeros(*positions.shape, d_model, device=positions.device)
     pe[..., 0::2] = torch.sin(angles)
     pe[..., 1::2] = torch.cos(angles)
     return pe
 
 
-class KVCache:
-    """Per-layer keys and values of the tokens seen so far.
+def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (Su et al.): rotate pairs of channels by position-dependent angles.
 
-    Each layer has (B, H, capacity, D) buffers whose first `length` positions are filled; appending
-    writes in place and the buffers grow geometrically, so a decode step costs O(1) copies, not a
-    concatenation of the whole history.
+    x (B, H, T, D), positions (B, T) -> (B, H, T, D). The dot product of a rotated query and key then
+    depends on their positions only through the difference.
+    """
+    D = x.shape[-1]
+    angles = sinusoidal_angles(positions, D).unsqueeze(1)  # (B, 1, T, D/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+class KVCache:
+    """Per-layer tensors (keys, values, ...) of the tokens seen so far, each (B, *, S, *).
+
+    A layer stores whatever its attention needs to see past tokens again: keys and values for
+    self-attention, plus relational keys and symbols for relational heads. The first `length`
+    positions of each buffer are filled; appending writes in place and the buffers grow
+    geometrically, so a decode step costs O(1) copies, not a concatenation of the whole history.
     """
 
     def __init__(self, n_layer: int) -> None:
-        self.keys: list[torch.Tensor | None] = [None] * n_layer
-        self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.buffers: list[list[torch.Tensor] | None] = [None] * n_layer
         self.filled = [0] * n_layer
 
     @property
     def length(self) -> int:
         return self.filled[-1]  # the last layer is updated last: this is the committed length
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this step's (B, H, T, D) keys/values and return views of the full (B, H, S, D) ones."""
-        start, T = self.filled[layer], k.shape[2]
-        if self.keys[layer] is None or start + T > self.keys[layer].shape[2]:
-            self._grow(layer, k, max(16, 2 * (start + T)))
-        self.keys[layer][:, :, start : start + T] = k
-        self.values[layer][:, :, start : start + T] = v
+    def update(self, layer: int, *new: torch.Tensor) -> list[torch.Tensor]:
+        """Append this step's (B, *, T, *) tensors; return views of the full (B, *, S, *) ones."""
+        start, T = self.filled[layer], new[0].shape[2]
+        if self.buffers[layer] is None or start + T > self.buffers[layer][0].shape[2]:
+            self._grow(layer, new, max(16, 2 * (start + T)))
+        for buf, x in zip(self.buffers[layer], new, strict=True):
+            buf[:, :, start : start + T] = x
         self.filled[layer] = start + T
-        return self.keys[layer][:, :, : start + T], self.values[layer][:, :, : start + T]
+        return [buf[:, :, : start + T] for buf in self.buffers[layer]]
 
-    def _grow(self, layer: int, like: torch.Tensor, capacity: int) -> None:
-        B, H, _, D = like.shape
-        for store in (self.keys, self.values):
-            new = like.new_zeros(B, H, capacity, D)
-            if store[layer] is not None:
-                new[:, :, : self.filled[layer]] = store[layer][:, :, : self.filled[layer]]
-            store[layer] = new
+    def _grow(self, layer: int, like: tuple[torch.Tensor, ...], capacity: int) -> None:
+        old, n = self.buffers[layer], self.filled[layer]
+        grown = []
+        for i, x in enumerate(like):
+            buf = x.new_zeros(x.shape[0], x.shape[1], capacity, *x.shape[3:])
+            if old is not None:
+                buf[:, :, :n] = old[i][:, :, :n]
+            grown.append(buf)
+        self.buffers[layer] = grown
 
     # Batch surgery for continuous batching: rows are right-aligned (left-padded), so every row's
     # newest token sits in the last filled column and one forward pass serves rows of different lengths.
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (a finished request leaves the batch)."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
+        self.buffers = [[b.index_select(0, rows) for b in bufs] for bufs in self.buffers]
 
     def trim_left(self, n: int) -> None:
         """Drop the first n columns (padding that no remaining row needs)."""
-        self.keys = [k[:, :, n:] for k in self.keys]
-        self.values = [v[:, :, n:] for v in self.values]
+        self.buffers = [[b[:, :, n:] for b in bufs] for bufs in self.buffers]
         self.filled = [f - n for f in self.filled]
 
     @staticmethod
     def concat(caches: list[KVCache]) -> KVCache:
         """Stack caches along the batch, right-aligned: shorter ones are left-padded with zeros."""
         S = max(c.length for c in caches)
-        capacity = max(S + 16, *(c.keys[0].shape[2] for c in caches))
-        out = KVCache(len(caches[0].keys))
-        for layer in range(len(out.keys)):
-            out.keys[layer] = KVCache._right_aligned([c.keys[layer][:, :, : c.length] for c in caches], S, capacity)
-            out.values[layer] = KVCache._right_aligned([c.values[layer][:, :, : c.length] for c in caches], S, capacity)
-        out.filled = [S] * len(out.keys)
+        capacity = max(S + 16, *(c.buffers[0][0].shape[2] for c in caches))
+        out = KVCache(len(caches[0].buffers))
+        for layer in range(len(out.buffers)):
+            n_tensors = len(caches[0].buffers[layer])
+            out.buffers[layer] = [
+                KVCache._right_aligned([c.buffers[layer][i][:, :, : c.length] for c in caches], S, capacity)
+                for i in range(n_tensors)
+            ]
+        out.filled = [S] * len(out.buffers)
         return out
 
     @staticmethod
     def _right_aligned(parts: list[torch.Tensor], S: int, capacity: int) -> torch.Tensor:
         """(b_i, H, S_i, D) tensors -> one (sum b_i, H, capacity, D) buffer, each part ending at column S."""
-        _, H, _, D = parts[0].shape
-        buf = parts[0].new_zeros(sum(p.shape[0] for p in parts), H, capacity, D)
+        _, H, _, *rest = parts[0].shape
+        buf = parts[0].new_zeros(sum(p.shape[0] for p in parts), H, capacity, *rest)
         row = 0
         for p in parts:
             buf[row : row + p.shape[0], :, S - p.shape[2] : S] = p
@@ -151,47 +217,169 @@ class KVCache:
         return buf
 
 
-class CausalSelfAttention(nn.Module):
+class AdditiveScore(nn.Module):
+    """Additive (Bahdanau) scores per head: score(q_i, k_j) = w2 . tanh(W1 [q_i; k_j]).
+
+    W1 [q; k] is computed as W1q q + W1k k, so the (B, H, T, S, D) tanh argument is one broadcast
+    add; it is still T*S times the work of a dot product, which is why this variant trains slowly.
+    """
+
+    def __init__(self, n_head: int, head_dim: int) -> None:
+        super().__init__()
+        scale = head_dim**-0.5
+        self.w1_q = nn.Parameter(torch.randn(n_head, head_dim, head_dim) * scale)
+        self.w1_k = nn.Parameter(torch.randn(n_head, head_dim, head_dim) * scale)
+        self.w2 = nn.Parameter(torch.randn(n_head, head_dim) * scale)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # (B, H, T, D), (B, H, S, D)
+        a = torch.einsum("bhtd,hde->bhte", q, self.w1_q).unsqueeze(3)  # (B, H, T, 1, D)
+        b = torch.einsum("bhsd,hde->bhse", k, self.w1_k).unsqueeze(2)  # (B, H, 1, S, D)
+        return torch.einsum("bhtse,he->bhts", torch.tanh(a + b), self.w2)  # (B, H, T, S)
+
+
+class RelationalAttention(nn.Module):
+    """Relational heads of dual attention (Altabaa et al., "Disentangling and Integrating Relational
+    and Sensory Information in Transformer Architectures").
+
+    Head h attends as usual, alpha_ij = normalise(q_i . k_j / sqrt(D)), but instead of x_j's value it
+    retrieves how x_i relates to x_j, plus a symbol that says which j that was:
+
+        out_i = sum_j alpha_ij (r_ij W_r + s_ij W_s),   r_ij = (<x_i Wq_l, x_j Wk_l> / sqrt(D))_{l=1..R}
+
+    Symbols: "position_relative" s_ij depends on i - j (a learned table, W_s folded into it);
+    "symbolic_attention" s_j = x_j attending over a learned library of symbols.
+    """
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head = config.n_head
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        H, D, C = config.n_relational_head, config.head_dim, config.d_model
+        R = config.n_relations or H
+        self.n_head, self.head_dim, self.n_relations = H, D, R
+        self.symbol_type = config.symbol_type
+        self.attn_qk = nn.Linear(C, 2 * H * D, bias=config.bias)  # selects j
+        self.rel_qk = nn.Linear(C, 2 * R * D, bias=config.bias)  # the R relations r(x_i, x_j)
+        self.w_r = nn.Parameter(torch.randn(H, R, D) * R**-0.5)  # relations -> head output
+        if config.symbol_type == "position_relative":
+            self.rel_symbols = nn.Parameter(torch.randn(config.context_length, H, D) * 0.02)  # s_(i-j) W_s
+        else:
+            self.symbol_query = nn.Linear(C, C, bias=False)
+            self.symbol_keys = nn.Parameter(torch.randn(config.n_symbols, C) * 0.02)
+            self.symbol_values = nn.Parameter(torch.randn(config.n_symbols, C) * 0.02)
+            self.w_s = nn.Linear(C, H * D, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor, use_rope: bool):
+        """(B, T, C) -> queries (q, q_rel) and what the cache keeps (k, k_rel[, symbols])."""
+        B, T, C = x.shape
+        q, k = self.attn_qk(x).view(B, T, 2 * self.n_head, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        if use_rope:
+            q, k = rope(q, positions), rope(k, positions)
+        q_rel, k_rel = self.rel_qk(x).view(B, T, 2 * self.n_relations, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        cached = [k, k_rel]  # (B, H, T, D), (B, R, T, D)
+        if self.symbol_type == "symbolic_attention":
+            pick = F.softmax(self.symbol_query(x) @ self.symbol_keys.T / math.sqrt(C), -1)  # (B, T, n_symbols)
+            symbols = self.w_s(pick @ self.symbol_values)  # (B, T, H*D)
+            cached.append(symbols.view(B, T, self.n_head, self.head_dim).transpose(1, 2))  # (B, H, T, D)
+        return (q, q_rel), cached
+
+    def forward(self, queries, cached, normalise, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+        (q, q_rel), (k, k_rel, *symbols) = queries, cached
+        T, S = q.shape[2], k.shape[2]
+        alpha = normalise((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim))  # (B, H, T, S)
+        a = F.dropout(alpha, dropout_p, self.training)
+        relations = (q_rel @ k_rel.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, R, T, S)
+        y = torch.einsum("bhts,brts,hrd->bhtd", a, relations, self.w_r)  # (B, H, T, D)
+        if symbols:
+            y = y + a @ symbols[0]
+        else:  # query i sits in column S - T + t; distances beyond the table only occur for masked keys
+            dist = torch.arange(S - T, S, device=q.device).view(T, 1) - torch.arange(S, device=q.device).view(1, S)
+            table = self.rel_symbols[dist.clamp(0, self.rel_symbols.shape[0] - 1)]  # (T, S, H, D)
+            y = y + torch.einsum("bhts,tshd->bhtd", a, table.to(a.dtype))
+        return y, alpha
+
+
+class CausalSelfAttention(nn.Module):
+    """n_head self-attention heads (+ n_relational_head relational heads): concatenated, projected."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.sharing = config.qkv_sharing
+        n_proj = {"none": 3, "qk": 2, "qkv": 1}[config.qkv_sharing]
+        self.qkv = nn.Linear(config.d_model, n_proj * self.n_head * self.head_dim, bias=config.bias)
+        self.additive = AdditiveScore(self.n_head, self.head_dim) if config.score == "additive" else None
+        self.relational = RelationalAttention(config) if config.n_relational_head else None
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # after concatenating heads
         self.attn_dropout = config.attn_dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.softmax_name = config.softmax
         self.softmax = get_softmax(config.softmax)
+        self.masking = config.masking
+        self.use_rope = config.positions == "rope"
+        self.fused = config.softmax == "softmax" and config.score == "dot" and config.masking == "causal"
 
     def forward(
         self,
         x: torch.Tensor,  # (B, T, C)
         mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal (T == S) or T == 1
+        key_padding: torch.Tensor | None,  # (B, 1, 1, S) bool, True = a real token; None = no padding
+        positions: torch.Tensor,  # (B, T) position ids of the new tokens
         layer: int,
         kv_cache: KVCache | None,
         return_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        H, D = self.n_head, self.head_dim
+        parts = self.qkv(x).view(B, T, -1, D).transpose(1, 2).split(H, dim=1)  # each (B, H, T, D)
+        if self.sharing == "qkv":
+            q = k = v = parts[0]
+        elif self.sharing == "qk":
+            (q, v), k = parts, parts[0]
+        else:
+            q, k, v = parts
+        if self.use_rope:
+            q, k = rope(q, positions), rope(k, positions)
+        cached = [k, v]
+        if self.relational is not None:
+            rel_queries, rel_cached = self.relational.project(x, positions, self.use_rope)
+            cached += rel_cached
         if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, H, S, D)
+            cached = kv_cache.update(layer, *cached)  # each (B, *, S, *)
+        k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
 
+        def normalise(scores: torch.Tensor) -> torch.Tensor:
+            return self._weights(scores, mask, key_padding)
+
         weights = None
-        if self.softmax_name == "softmax" and not return_attention:
+        if self.fused and not return_attention:
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         else:
-            if mask is None:  # causal over T == S keys, or one query that sees them all
-                mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - T)
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # (B, H, T, S)
-            scores = scores.masked_fill(~mask, float("-inf"))  # -inf *before* the normaliser
-            weights = self.softmax(scores, -1)
+            if self.additive is not None:
+                scores = self.additive(q, k)  # (B, H, T, S)
+            else:
+                scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
+            weights = normalise(scores)
             y = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, D)
+        if self.relational is not None:
+            y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p)
+            y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
+            weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
+
+    def _weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_padding: torch.Tensor | None):
+        """(B, H, T, S) scores -> attention weights under the configured masking."""
+        T, S = scores.shape[-2:]
+        if mask is None:  # causal over T == S keys, or one query that sees them all
+            mask = torch.ones(T, S, dtype=torch.bool, device=scores.device).tril(S - T)
+        if self.masking == "causal":
+            return self.softmax(scores.masked_fill(~mask, float("-inf")), -1)  # -inf *before* the normaliser
+        # "zero_after", the naive mask: normalise over every key, future ones included, then zero the
+        # future weights. Their scores already shaped the denominator, so the future leaks into the
+        # present: training loss looks great, generation (which has no future) is garbage.
+        if key_padding is not None:
+            scores = scores.masked_fill(~key_padding, float("-inf"))
+        return self.softmax(scores, -1) * mask
 
 
 class MLP(nn.Module):
@@ -215,8 +403,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask, layer, kv_cache, return_attention):
-        a, weights = self.attn(self.ln_1(x), mask, layer, kv_cache, return_attention)
+    def forward(self, x, mask, key_padding, positions, layer, kv_cache, return_attention):
+        a, weights = self.attn(self.ln_1(x), mask, key_padding, positions, layer, kv_cache, return_attention)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -234,6 +422,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        if config.positions == "learned":
+            self.pos_emb = nn.Embedding(config.context_length, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
@@ -275,15 +465,21 @@ class GPT(nn.Module):
         # itself, so no row is empty (padding rows compute garbage that nobody reads).
         # None lets the fused attention kernel take its fastest path: plain causal when T == S, and
         # no mask at all for one new token after an unpadded cache (it may see every key).
-        mask = None
+        mask, key_padding = None, None
         if (past and T > 1) or attention_mask is not None:
             mask = self._attention_mask(B, T, past, attention_mask, idx.device)
+        if attention_mask is not None:
+            key_padding = attention_mask.bool().view(B, 1, 1, S)
 
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
-        x = self.drop(x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype))
+        if self.config.positions == "sinusoidal":
+            x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
+        elif self.config.positions == "learned":
+            x = x + self.pos_emb(position_ids)
+        x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, layer, kv_cache, return_attention)
+            x, weights = block(x, mask, key_padding, position_ids, layer, kv_cache, return_attention)
             if attentions is not None:
                 attentions.append(weights)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)

@@ -23,9 +23,10 @@ def summary(m: ServedModel) -> ModelSummary:
         kind=m.kind,
         tasks=TASKS[m.kind],
         attention=m.variant,
+        attention_settings=m.settings or {},
         parameters=sum(p.numel() for p in m.model.parameters()),
         layers=c.get("n_layer") or c.get("num_hidden_layers"),
-        heads=c.get("n_head") or c.get("num_attention_heads"),
+        heads=c.get("num_attention_heads") or c.get("n_head", 0) + c.get("n_relational_head", 0),
         context_length=c.get("context_length") or c.get("max_position_embeddings"),
     )
 

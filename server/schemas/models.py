@@ -10,9 +10,14 @@ class ModelSummary(BaseModel):
     kind: str = Field(description="gpt (completion) or roberta-mlm (fill-mask)")
     tasks: list[str]
     attention: str = Field(description="attention normaliser: softmax/softmax0 or softmax1")
+    attention_settings: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="the attention variant: score (dot/additive), qkv_sharing, masking, softmax, positions "
+        "(sinusoidal/learned/rope), self-attention and relational heads, relations and symbol type",
+    )
     parameters: int
     layers: int | None = None
-    heads: int | None = None
+    heads: int | None = Field(default=None, description="attention heads per layer (relational heads included)")
     context_length: int | None = None
 
 

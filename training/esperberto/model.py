@@ -9,12 +9,14 @@ A softmax0 checkpoint is a plain RoBERTa that loads anywhere.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 from transformers import RobertaConfig, RobertaForMaskedLM
 
 from training.esperberto.attention import SOFTMAX1
+from training.model import sinusoidal_encoding
 
 VARIANTS = ("softmax0", "softmax1")
 
@@ -50,11 +52,28 @@ def attn_implementation(variant: str, need_weights: bool = False) -> str:
     return "eager" if need_weights else "sdpa"
 
 
-def build_model(config: RobertaConfig, seed: int = 0) -> RobertaForMaskedLM:
-    """A freshly initialised model; the same seed gives the same weights for both variants."""
+POSITION_INITS = ("random", "sinusoidal")
+
+
+def build_model(config: RobertaConfig, seed: int = 0, position_init: str = "random") -> RobertaForMaskedLM:
+    """A freshly initialised model; the same seed gives the same weights for both variants.
+
+    position_init="sinusoidal" starts RoBERTa's learned position embeddings from the sinusoidal
+    table (scaled to the embeddings' init std) instead of noise: nearby positions then start
+    similar, which shortens the bag-of-words plateau small MLMs sit on before they use word order.
+    """
+    if position_init not in POSITION_INITS:
+        raise ValueError(f"unknown position_init {position_init!r}: choose one of {POSITION_INITS}")
     torch.manual_seed(seed)
     model = RobertaForMaskedLM(config)
     model.set_attn_implementation(attn_implementation(config.attention_variant))
+    if position_init == "sinusoidal":
+        table = model.roberta.embeddings.position_embeddings.weight  # (P, C)
+        positions = torch.arange(table.size(0)).unsqueeze(0)  # (1, P)
+        pe = sinusoidal_encoding(positions, table.size(1))[0]  # (P, C), std ~ 1/sqrt(2)
+        with torch.no_grad():
+            table.copy_(pe * config.initializer_range * math.sqrt(2))
+            table[config.pad_token_id].zero_()  # as the random init does for padding_idx
     return model
 
 

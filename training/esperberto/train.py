@@ -35,6 +35,8 @@ class MLMTrainConfig:
     preset: str = "small"
     tokenizer: str | None = None  # tokenizer folder shared by both variants; trained there if missing
     vocab_size: int | None = None  # default: the preset's
+    dropout: float | None = None  # hidden and attention dropout; default: RoBERTa's 0.1
+    position_init: str = "random"  # or "sinusoidal" (see build_model)
     block_size: int = 128
     holdout_every: int = 50
     batch_size: int = 32
@@ -128,7 +130,10 @@ def train_mlm(cfg: MLMTrainConfig, command: str = "") -> dict:
     valid_blocks = encode_blocks(valid_lines, tokenizer, cfg.block_size)
     if len(valid_blocks) == 0:
         raise ValueError(f"held-out split has fewer than {cfg.block_size} tokens: lower --holdout-every")
-    model = build_model(make_config(cfg.preset, cfg.variant, vocab_size=len(tokenizer)), seed=cfg.seed)
+    p = cfg.dropout
+    dropout = {} if p is None else dict(hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+    config = make_config(cfg.preset, cfg.variant, vocab_size=len(tokenizer), **dropout)
+    model = build_model(config, seed=cfg.seed, position_init=cfg.position_init)
     print(
         f"{cfg.variant}: {model.num_parameters():,} parameters, {train_blocks.numel():,} train tokens "
         f"({len(train_blocks)} blocks), {valid_blocks.numel():,} held-out tokens"

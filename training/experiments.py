@@ -1,0 +1,246 @@
+"""The attention-variant comparison: every variant trained with identical data, seed and budget.
+
+`python -m training experiments` trains each variant of training/variants.py on a corpus with the
+ordinary GPT trainer (resumable; a finished run is reused), then writes a markdown report with the
+tables, sample generations and loss curves to docs/experiments/.
+
+The "leak-free" dev loss scores the same tokens one at a time through the KV cache, so no position
+can see a later one whatever the masking: for a correctly masked model it equals the dev loss (a
+check), for the zero-mask demonstration it is the loss the model really has when it generates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from training.data import encode_documents, read_split, split_documents  # noqa: E402
+from training.evaluate import corpus_perplexity, sentence_scores  # noqa: E402
+from training.model import GPT, GPTConfig, KVCache  # noqa: E402
+from training.tokenizer import eos_id  # noqa: E402
+from training.trainer import TrainConfig, train  # noqa: E402
+from training.variants import DESCRIPTIONS, VARIANTS, variant_overrides  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+CORPORA = {
+    "wikitext2": {"source": SHARED_DATA / "wikitext-2-raw", "doc_mode": "wikitext"},
+    "tinystories": {"source": SHARED_DATA / "tinystories" / "tinystories_valid_sample.txt", "doc_mode": "paragraph"},
+}
+# the per-sentence test of the original attention experiments
+SENTENCES = [
+    "After learning language models model natural language.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Amidst the twilight, the ancient ruins whispered secrets long forgotten.",
+    "Quantum entanglement fascinates physicists and philosophers alike, bridging worlds with invisible threads.",
+]
+PROMPTS = {
+    "wikitext2": ["The history of the city", "In 1998 , the band"],
+    "tinystories": ["Once upon a time, there was a little", "Tom and his dog went to the park."],
+}
+
+
+@dataclass
+class ExperimentConfig:
+    corpus: str = "wikitext2"
+    data: str | None = None  # override the corpus's source (a folder or one file), e.g. a test fixture
+    runs: str = "runs/experiments"  # run folders (checkpoints, logs); reused when finished
+    out: str = "docs/experiments"  # report: <corpus>.md, <corpus>-loss.png, <corpus>.json
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    model: GPTConfig = field(
+        default_factory=lambda: GPTConfig(
+            n_layer=2, n_head=4, d_model=128, d_ff=512, context_length=64, dropout=0.0, tie_weights=True
+        )
+    )
+    vocab_size: int = 4096
+    batch_size: int = 32
+    max_steps: int = 600
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    eval_interval: int = 50
+    seed: int = 1337
+    leak_free_tokens: int = 2048  # dev tokens scored one at a time through the KV cache
+    train_ppl_chars: int = 1_000_000  # train perplexity on the first characters of the train split
+
+
+def corpus_folder(cfg: ExperimentConfig) -> Path:
+    """A folder with train/valid/test.txt; a single-file corpus is split 90/5/5 by paragraphs, in order."""
+    source = Path(cfg.data) if cfg.data else CORPORA[cfg.corpus]["source"]
+    if source.is_dir():
+        return source
+    folder = Path(cfg.runs) / cfg.corpus / "data"
+    if not (folder / "test.txt").exists():
+        paragraphs = [p for p in re.split(r"\n\s*\n", source.read_text(encoding="utf-8")) if p.strip()]
+        a, b = int(0.9 * len(paragraphs)), int(0.95 * len(paragraphs))
+        folder.mkdir(parents=True, exist_ok=True)
+        for split, part in (("train", paragraphs[:a]), ("valid", paragraphs[a:b]), ("test", paragraphs[b:])):
+            (folder / f"{split}.txt").write_text("\n\n".join(part) + "\n", encoding="utf-8")
+    return folder
+
+
+@torch.no_grad()
+def leak_free_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
+    """Mean next-token loss over the first n_tokens of a stream, one token at a time via the KV cache."""
+    model.eval()
+    T = model.config.context_length
+    nll, n = 0.0, 0
+    for start in range(0, min(n_tokens, len(stream) - 1), T):
+        window = stream[start : start + T + 1]
+        cache = KVCache(model.config.n_layer)
+        for t in range(len(window) - 1):
+            logits = model(window[t : t + 1].view(1, 1), kv_cache=cache).logits[0, -1].float()
+            nll += F.cross_entropy(logits, window[t + 1]).item()
+            n += 1
+    return nll / n
+
+
+@torch.no_grad()
+def samples(model: GPT, tokenizer: Tokenizer, prompts: list[str], n_new: int = 30) -> list[str]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for p in prompts:
+        ids = torch.tensor([tokenizer.encode(p, add_special_tokens=False).ids])
+        new = model.generate(ids, n_new, temperature=0.7, top_k=40, generator=gen)
+        out.append(p + tokenizer.decode(new[0].tolist()))
+    return out
+
+
+def run_variant(cfg: ExperimentConfig, name: str, data: Path, tokenizer_path: Path) -> dict:
+    """Train one variant (or reuse its finished run) and measure it."""
+    run = Path(cfg.runs) / cfg.corpus / name
+    if (run / "experiment.json").exists():
+        return json.loads((run / "experiment.json").read_text())
+    model_cfg = GPTConfig.from_dict({**cfg.model.to_dict(), **variant_overrides(name)})
+    train_cfg = TrainConfig(
+        data=str(data),
+        out=str(run),
+        tokenizer=str(tokenizer_path),
+        vocab_size=cfg.vocab_size,
+        doc_mode=CORPORA[cfg.corpus]["doc_mode"],
+        model=model_cfg,
+        batch_size=cfg.batch_size,
+        max_steps=cfg.max_steps,
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        eval_interval=cfg.eval_interval,
+        save_interval=cfg.eval_interval,
+        seed=cfg.seed,
+        amp="off",
+    )
+    metrics = train(train_cfg, command=f"python -m training experiments --corpus {cfg.corpus} --variants {name}")
+    from model_store.store import load_gpt  # the exported checkpoint: what would be served
+
+    model, tokenizer = load_gpt(run / "model")
+    doc_mode = CORPORA[cfg.corpus]["doc_mode"]
+    eos = eos_id(tokenizer)
+    valid_stream = encode_documents(split_documents(read_split(str(data), "valid"), doc_mode), tokenizer, eos)
+    train_text = read_split(str(data), "train")[: cfg.train_ppl_chars]
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    result = {
+        "variant": name,
+        "settings": model.config.variant(),
+        "parameters": metrics["parameters"],
+        "train_time_s": metrics["wall_time_s"],
+        "final_train_loss": metrics["final_train_loss"],
+        "train_ppl": round(corpus_perplexity(model, tokenizer, train_text, doc_mode).token_ppl, 2),
+        "dev_ppl": round(metrics["valid"]["token_ppl"], 2),
+        "test_ppl": round(metrics["test"]["token_ppl"], 2),
+        "dev_loss": round(math.log(metrics["valid"]["token_ppl"]), 4),
+        "leak_free_dev_loss": round(leak_free_loss(model, valid_stream, cfg.leak_free_tokens), 4),
+        "sentences": sentence_scores(model, tokenizer, SENTENCES),
+        "samples": samples(model, tokenizer, PROMPTS[cfg.corpus]),
+        "log": log,
+    }
+    (run / "experiment.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def run_experiments(cfg: ExperimentConfig) -> list[dict]:
+    data = corpus_folder(cfg)
+    tokenizer_path = Path(cfg.runs) / cfg.corpus / "tokenizer.json"
+    results = []
+    for name in cfg.variants:
+        print(f"== {cfg.corpus}: {name}", flush=True)
+        results.append(run_variant(cfg, name, data, tokenizer_path))
+    write_report(cfg, results)
+    return results
+
+
+def plot_losses(results: list[dict], path: Path, title: str) -> None:
+    fig, (ax_train, ax_dev) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for r in results:
+        steps = [e["step"] for e in r["log"]]
+        style = dict(linestyle="--") if r["settings"]["masking"] == "zero_after" else {}
+        ax_train.plot(steps, [e["train_loss"] for e in r["log"]], label=r["variant"], **style)
+        ax_dev.plot(steps, [e["valid_loss"] for e in r["log"]], label=r["variant"], **style)
+    for ax, name in ((ax_train, "training loss (batch)"), (ax_dev, "dev loss")):
+        ax.set_title(f"{title}: {name}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax_train.set_ylabel("cross-entropy (nats / token)")
+    ax_dev.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(cfg: ExperimentConfig, results: list[dict]) -> Path:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_losses(results, out / f"{cfg.corpus}-loss.png", cfg.corpus)
+    m = cfg.model
+    lines = [
+        f"# Attention variants on {cfg.corpus}",
+        "",
+        f"Every variant: {m.n_layer} layers, d_model {m.d_model}, 4 heads (dual: 2 self-attention + 2 relational),",
+        f"d_ff {m.d_ff}, context {m.context_length}, byte-level BPE vocabulary {cfg.vocab_size} trained on the train",
+        f"split; {cfg.max_steps} steps x batch {cfg.batch_size} x {m.context_length} tokens, AdamW lr {cfg.lr}",
+        f"(warmup {cfg.warmup_steps}, cosine), seed {cfg.seed}, fp32 on CPU: identical data, order and budget.",
+        f"Command: `python -m training experiments --corpus {cfg.corpus} --steps {cfg.max_steps}`.",
+        "",
+        "| variant | parameters | training time | final train loss | train ppl | dev ppl | test ppl "
+        "| dev loss | leak-free dev loss |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        mins, secs = divmod(round(r["train_time_s"]), 60)
+        lines.append(
+            f"| {r['variant']} | {r['parameters']:,} | {mins}:{secs:02d} | {r['final_train_loss']:.3f} "
+            f"| {r['train_ppl']:.1f} | {r['dev_ppl']:.1f} | {r['test_ppl']:.1f} | {r['dev_loss']:.3f} "
+            f"| {r['leak_free_dev_loss']:.3f} |"
+        )
+    lines += [
+        "",
+        "Perplexities are per token (this vocabulary). Train ppl: the first "
+        f"{cfg.train_ppl_chars:,} characters of the train split. Leak-free dev loss: the first "
+        f"{cfg.leak_free_tokens:,} dev tokens scored one at a time through the KV cache (what generation sees).",
+        "",
+        f"![loss curves]({cfg.corpus}-loss.png)",
+        "",
+        "## Per-sentence test loss (nats / token)",
+        "",
+        "| sentence | " + " | ".join(r["variant"] for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    for i, s in enumerate(SENTENCES):
+        row = " | ".join(f"{r['sentences'][i]['loss']:.3f}" for r in results)
+        lines.append(f"| {s} | {row} |")
+    lines += ["", "## Samples (temperature 0.7, top-k 40, seed 0, 30 tokens)", ""]
+    for r in results:
+        lines.append(f"- **{r['variant']}** ({DESCRIPTIONS[r['variant']]}):")
+        lines += [f"  - {json.dumps(s)}" for s in r["samples"]]
+    path = out / f"{cfg.corpus}.md"
+    path.write_text("\n".join(lines) + "\n")
+    summary = {"config": asdict(cfg), "results": [{k: v for k, v in r.items() if k != "log"} for r in results]}
+    (out / f"{cfg.corpus}.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return path
