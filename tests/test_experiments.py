@@ -5,6 +5,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from model_store.store import load_gpt
 from tests.conftest import TINY_WIKI, tiny_gpt
 from training.experiments import ExperimentConfig, leak_free_loss, run_experiments
 from training.model import GPTConfig
@@ -50,6 +51,8 @@ def test_runner_trains_every_variant_alike_and_writes_the_report(tmp_path):
         eval_interval=2,
         leak_free_tokens=32,
         train_ppl_chars=2000,
+        export=["dual-relative"],
+        store=str(tmp_path / "store"),
     )
     results = run_experiments(cfg)
     assert [r["variant"] for r in results] == cfg.variants
@@ -61,6 +64,8 @@ def test_runner_trains_every_variant_alike_and_writes_the_report(tmp_path):
     assert (tmp_path / "docs" / "wikitext2-loss.png").stat().st_size > 10_000
     summary = json.loads((tmp_path / "docs" / "wikitext2.json").read_text())
     assert [r["variant"] for r in summary["results"]] == cfg.variants
+    served, _ = load_gpt(tmp_path / "store" / "gpt-wikitext2-dual-relative")  # validated: manifest, shapes
+    assert served.config.n_relational_head == 2
     # a finished run is reused, not retrained
     again = run_experiments(cfg)
     assert again[0]["train_time_s"] == results[0]["train_time_s"]

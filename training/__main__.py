@@ -89,9 +89,10 @@ def add_experiments_parser(sub) -> None:
     p = sub.add_parser("experiments", help="train every attention variant on a corpus, write docs/experiments/")
     p.add_argument("--corpus", default="wikitext2", choices=["wikitext2", "tinystories"], help="which shared corpus")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="which variants")
-    p.add_argument("--steps", type=int, default=600, help="optimiser steps per variant (the same for all)")
+    p.add_argument("--steps", type=int, default=400, help="optimiser steps per variant (the same for all)")
     p.add_argument("--runs", default="runs/experiments", help="run folders (a finished run is reused)")
     p.add_argument("--out", default="docs/experiments", help="where the report goes")
+    p.add_argument("--export", nargs="*", default=[], help="variants to copy to model_store/gpt-CORPUS-VARIANT")
 
 
 def add_eval_parser(sub) -> None:
@@ -303,7 +304,14 @@ def run_experiments(args) -> None:
     from training.experiments import ExperimentConfig, run_experiments
 
     run_experiments(
-        ExperimentConfig(corpus=args.corpus, runs=args.runs, out=args.out, variants=args.variants, max_steps=args.steps)
+        ExperimentConfig(
+            corpus=args.corpus,
+            runs=args.runs,
+            out=args.out,
+            variants=args.variants,
+            max_steps=args.steps,
+            export=args.export,
+        )
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,13 +65,15 @@ class ExperimentConfig:
     )
     vocab_size: int = 4096
     batch_size: int = 32
-    max_steps: int = 600
+    max_steps: int = 400
     lr: float = 1e-3
     warmup_steps: int = 50
     eval_interval: int = 50
     seed: int = 1337
+    export: list[str] = field(default_factory=list)  # variants copied to model_store/gpt-<corpus>-<variant>
+    store: str = "model_store"
     leak_free_tokens: int = 2048  # dev tokens scored one at a time through the KV cache
-    train_ppl_chars: int = 1_000_000  # train perplexity on the first characters of the train split
+    train_ppl_chars: int = 500_000  # train perplexity on the first characters of the train split
 
 
 def corpus_folder(cfg: ExperimentConfig) -> Path:
@@ -173,6 +176,12 @@ def run_experiments(cfg: ExperimentConfig) -> list[dict]:
         print(f"== {cfg.corpus}: {name}", flush=True)
         results.append(run_variant(cfg, name, data, tokenizer_path))
     write_report(cfg, results)
+    for name in cfg.export:  # the run's model/ folder is a complete store checkpoint (manifest included)
+        shutil.copytree(
+            Path(cfg.runs) / cfg.corpus / name / "model",
+            Path(cfg.store) / f"gpt-{cfg.corpus}-{name}",
+            dirs_exist_ok=True,
+        )
     return results
 
 

@@ -31,13 +31,23 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
     data = Path(cfg_dict["data"]).name if Path(cfg_dict["data"]).is_dir() else cfg_dict["data"]  # no machine paths
     batch = f"{cfg_dict['batch_size']} x {cfg_dict['grad_accum']} x {m['context_length']} tokens"
     schedule = f"warmup {cfg_dict['warmup_steps']}, cosine to {cfg_dict['min_lr']}"
+    positions = m.get("positions", "sinusoidal")
+    heads = f"{m['n_head']} heads"
+    if m.get("n_relational_head"):
+        heads += f" + {m['n_relational_head']} relational heads ({m.get('symbol_type')} symbols)"
+    variant = ", ".join(
+        f"{k} `{m.get(k, d)}`" for k, d in (("score", "dot"), ("qkv_sharing", "none"), ("masking", "causal"))
+    )
+    if m.get("masking") == "zero_after":
+        variant += " (**leaks the future: a demonstration, not a usable model**)"
     lines = [
         "# From-scratch GPT",
         "",
-        "Decoder-only transformer written from scratch in PyTorch (`training/model.py`): sinusoidal positions,",
-        f"{m['n_layer']} pre-LayerNorm blocks, d_model {m['d_model']}, {m['n_head']} heads (concatenated + projected),",
+        f"Decoder-only transformer written from scratch in PyTorch (`training/model.py`): {positions} positions,",
+        f"{m['n_layer']} pre-LayerNorm blocks, d_model {m['d_model']}, {heads} (concatenated + projected),",
         f"GELU MLP {m['d_ff']}, context {m['context_length']}, attention normaliser `{m['softmax']}`,",
         f"tied embeddings: {m['tie_weights']}. Byte-level BPE tokenizer, vocabulary {m['vocab_size']}.",
+        f"Attention variant: {variant}.",
         "",
         "## Training",
         "",

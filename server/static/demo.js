@@ -39,12 +39,24 @@ function showError(message) {
 
 // ---- models and controls ----------------------------------------------------------------------
 
+// the attention settings that differ from the standard transformer, e.g. "softmax, rope positions"
+function describe(m) {
+  const s = m.attention_settings || {};
+  const parts = [m.attention];
+  if (s.score && s.score !== "dot") parts.push(`${s.score} scores`);
+  if (s.qkv_sharing && s.qkv_sharing !== "none") parts.push(`shared ${s.qkv_sharing.toUpperCase()}`);
+  if (s.masking && s.masking !== "causal") parts.push(`${s.masking} mask: leaks the future`);
+  if (s.positions && s.positions !== "sinusoidal") parts.push(`${s.positions} positions`);
+  if (s.n_relational_head) parts.push(`${s.n_head} self + ${s.n_relational_head} relational heads`);
+  return parts.join(", ");
+}
+
 async function loadModels() {
   const response = await fetch("/models", { headers: headers() });
   if (!response.ok) throw new Error(await errorMessage(response));
   models = (await response.json()).data;
   const fill = (select, list) => {
-    select.replaceChildren(...list.map((m) => new Option(`${m.id} (${m.attention})`, m.id)));
+    select.replaceChildren(...list.map((m) => new Option(`${m.id} (${describe(m)})`, m.id)));
   };
   fill($("gen-model"), models.filter((m) => m.kind === "gpt"));
   fill($("att-model"), models);
@@ -55,7 +67,12 @@ function updateLayerHead() {
   const m = models.find((x) => x.id === $("att-model").value);
   const range = (n) => Array.from({ length: n || 0 }, (_, i) => new Option(String(i), String(i)));
   $("att-layer").replaceChildren(...range(m && m.layers));
-  $("att-head").replaceChildren(...range(m && m.heads));
+  const selfHeads = m && m.attention_settings && m.attention_settings.n_relational_head
+    ? m.attention_settings.n_head : Infinity;
+  $("att-head").replaceChildren(...range(m && m.heads).map((o, i) => {
+    if (i >= selfHeads) o.text = `${i} (relational)`;
+    return o;
+  }));
 }
 
 function bindSliders() {
