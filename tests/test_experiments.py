@@ -58,6 +58,7 @@ def test_runner_trains_every_variant_alike_and_writes_the_report(tmp_path):
     assert [r["variant"] for r in results] == cfg.variants
     assert results[1]["settings"]["masking"] == "zero_after"
     assert results[2]["settings"]["n_relational_head"] == 2
+    assert all(r["step_time_s"] > 0 for r in results)
     assert all(len(r["log"]) == 2 and len(r["sentences"]) == 4 and len(r["samples"]) == 2 for r in results)
     report = (tmp_path / "docs" / "wikitext2.md").read_text()
     assert all(f"| {name} |" in report for name in cfg.variants)

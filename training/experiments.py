@@ -15,6 +15,8 @@ import json
 import math
 import re
 import shutil
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -168,6 +170,32 @@ def run_variant(cfg: ExperimentConfig, name: str, data: Path, tokenizer_path: Pa
     return result
 
 
+def step_times(cfg: ExperimentConfig, vocab_size: int, rounds: int = 3, steps: int = 4) -> dict[str, float]:
+    """Seconds per training step of each variant, measured back to back in this process.
+
+    The runs' wall times depend on whatever else the machine was doing; these are taken in
+    interleaved rounds (median per variant) so the ratios between variants are fair.
+    """
+    models = {}
+    for name in cfg.variants:
+        torch.manual_seed(cfg.seed)
+        config = GPTConfig.from_dict({**cfg.model.to_dict(), **variant_overrides(name), "vocab_size": vocab_size})
+        model = GPT(config).train()
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    x = torch.randint(0, vocab_size, (cfg.batch_size, cfg.model.context_length), generator=torch.Generator())
+    samples_s: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, (model, opt) in models.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                model(x, x).loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if r:
+                samples_s[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(v) for name, v in samples_s.items()}
+
+
 def run_experiments(cfg: ExperimentConfig) -> list[dict]:
     data = corpus_folder(cfg)
     tokenizer_path = Path(cfg.runs) / cfg.corpus / "tokenizer.json"
@@ -175,6 +203,9 @@ def run_experiments(cfg: ExperimentConfig) -> list[dict]:
     for name in cfg.variants:
         print(f"== {cfg.corpus}: {name}", flush=True)
         results.append(run_variant(cfg, name, data, tokenizer_path))
+    times = step_times(cfg, Tokenizer.from_file(str(tokenizer_path)).get_vocab_size())
+    for r in results:
+        r["step_time_s"] = round(times[r["variant"]], 4)
     write_report(cfg, results)
     for name in cfg.export:  # the run's model/ folder is a complete store checkpoint (manifest included)
         shutil.copytree(
@@ -217,19 +248,25 @@ def write_report(cfg: ExperimentConfig, results: list[dict]) -> Path:
         f"(warmup {cfg.warmup_steps}, cosine), seed {cfg.seed}, fp32 on CPU: identical data, order and budget.",
         f"Command: `python -m training experiments --corpus {cfg.corpus} --steps {cfg.max_steps}`.",
         "",
-        "| variant | parameters | training time | final train loss | train ppl | dev ppl | test ppl "
-        "| dev loss | leak-free dev loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | parameters | step time (x dot) | training time | final train loss | train ppl | dev ppl "
+        "| test ppl | dev loss | leak-free dev loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    base = next((r["step_time_s"] for r in results if r["variant"] == "dot"), results[0]["step_time_s"])
     for r in results:
         mins, secs = divmod(round(r["train_time_s"]), 60)
         lines.append(
-            f"| {r['variant']} | {r['parameters']:,} | {mins}:{secs:02d} | {r['final_train_loss']:.3f} "
+            f"| {r['variant']} | {r['parameters']:,} "
+            f"| {1000 * r['step_time_s']:.0f} ms ({r['step_time_s'] / base:.2f}x) "
+            f"| {mins}:{secs:02d} | {r['final_train_loss']:.3f} "
             f"| {r['train_ppl']:.1f} | {r['dev_ppl']:.1f} | {r['test_ppl']:.1f} | {r['dev_loss']:.3f} "
             f"| {r['leak_free_dev_loss']:.3f} |"
         )
     lines += [
         "",
+        "Step time: one training step (forward, backward, AdamW) of each variant, measured back to back in one "
+        "process (median of 3 interleaved rounds), so the ratios are fair; training time is the run's wall "
+        "clock on a shared 2-core machine (other jobs ran beside it), not a comparison.",
         "Perplexities are per token (this vocabulary). Train ppl: the first "
         f"{cfg.train_ppl_chars:,} characters of the train split. Leak-free dev loss: the first "
         f"{cfg.leak_free_tokens:,} dev tokens scored one at a time through the KV cache (what generation sees).",
