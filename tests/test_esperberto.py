@@ -141,3 +141,21 @@ def test_masked_positions_loss_equals_the_models_own_mlm_loss():
     inputs = {"input_ids": ids, "labels": labels}
     ours = MaskedPositionsTrainer.compute_loss(None, model, inputs)
     torch.testing.assert_close(ours, model(**inputs).loss)
+
+
+def test_sinusoidal_position_init_is_the_scaled_table_for_both_variants():
+    models = [build_model(make_config("tiny", v), seed=3, position_init="sinusoidal") for v in ("softmax0", "softmax1")]
+    table = models[0].roberta.embeddings.position_embeddings.weight
+    torch.testing.assert_close(table, models[1].roberta.embeddings.position_embeddings.weight)
+    assert torch.all(table[1] == 0)  # the padding position stays zero
+    # position p's row: sin/cos of p / 10000^(2i/C), scaled to the embeddings' init std
+    p, C = 7, table.shape[1]
+    expected = torch.tensor(
+        [
+            math.sin(p / 10000 ** (2 * (i // 2) / C)) if i % 2 == 0 else math.cos(p / 10000 ** (2 * (i // 2) / C))
+            for i in range(C)
+        ]
+    )
+    torch.testing.assert_close(table[p], expected * 0.02 * math.sqrt(2))
+    random = build_model(make_config("tiny", "softmax0"), seed=3).roberta.embeddings.position_embeddings.weight
+    assert not torch.allclose(random[2:], table[2:])
