@@ -57,7 +57,9 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         heads = self.n_head + self.n_relational_head
-        if heads < 1 or self.d_model % heads:
+        if self.n_head < 1 or self.n_relational_head < 0:
+            raise ValueError(f"n_head={self.n_head} must be >= 1 and n_relational_head >= 0")
+        if self.d_model % heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head + n_relational_head={heads}")
         get_softmax(self.softmax)  # fail early on an unknown name
         for name, allowed in VARIANT_CHOICES.items():
