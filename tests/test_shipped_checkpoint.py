@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
 from tests.conftest import FIXTURES, REPO
 from training.tokenizer import eos_id
+from training.variants import variant_overrides
 
 SHIPPED = STORE_ROOT / "gpt-wikitext2"
 WIKITEXT_TRAIN = REPO.parent / "shared" / "data" / "wikitext-2-raw" / "train.txt"
@@ -57,3 +58,15 @@ def test_shipped_model_card_reports_perplexities():
     card = (SHIPPED / "README.md").read_text()
     assert "word-level ppl" in card and "Command: `python -m training gpt" in card
     assert Path(SHIPPED / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_shipped_attention_variants_restore_their_settings_and_generate():
+    """The experiment's variant checkpoints (gpt-wikitext2-VARIANT) load as the variant they were trained as."""
+    folders = sorted(STORE_ROOT.glob("gpt-wikitext2-*"))
+    assert len(folders) >= 2, "at least two attention-variant checkpoints are shipped"
+    for folder in folders:
+        model, tok = load_gpt(folder)
+        settings = variant_overrides(folder.name.removeprefix("gpt-wikitext2-"))
+        assert {k: getattr(model.config, k) for k in settings} == settings, folder.name
+        out = model.generate(torch.tensor([tok.encode(" The church was built in the").ids]), 12, temperature=0)
+        assert out.shape[1] > 0, folder.name
