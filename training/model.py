@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -347,10 +348,6 @@ class CausalSelfAttention(nn.Module):
             cached = kv_cache.update(layer, *cached)  # each (B, *, S, *)
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
-
-        def normalise(scores: torch.Tensor) -> torch.Tensor:
-            return self._weights(scores, mask, key_padding)
-
         weights = None
         if self.fused and not return_attention:
             causal = mask is None and T > 1
@@ -360,9 +357,10 @@ class CausalSelfAttention(nn.Module):
                 scores = self.additive(q, k)  # (B, H, T, S)
             else:
                 scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
-            weights = normalise(scores)
+            weights = self._weights(scores, mask, key_padding)
             y = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, D)
         if self.relational is not None:
+            normalise = partial(self._weights, mask=mask, key_padding=key_padding)
             y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p)
             y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
