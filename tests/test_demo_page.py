@@ -133,3 +133,23 @@ def test_bad_input_shows_the_api_message(page):
     page.wait_for_selector("#error:not([hidden])")
     assert "inputs: no <mask> token" in page.text_content("#error")
     assert "Traceback" not in page.text_content("#error")
+
+
+def test_model_labels_name_the_attention_variant_and_relational_heads(browser, tmp_path_factory, tiny_tokenizer):
+    from model_store.store import write_checkpoint
+    from tests.conftest import tiny_gpt
+    from training.tokenizer import eos_id
+
+    root = tmp_path_factory.mktemp("variant-store")
+    vocab, eos = tiny_tokenizer.get_vocab_size(), eos_id(tiny_tokenizer)
+    dual = tiny_gpt(vocab_size=vocab, eos_token_id=eos, n_head=2, n_relational_head=2, positions="rope")
+    write_checkpoint(root / "tiny-dual", dual, tiny_tokenizer, card="# dual\n", metrics={})
+    with http_server(root) as (base, _):
+        page = browser.new_page()
+        page.goto(base + "/")
+        page.wait_for_function("document.querySelectorAll('#att-head option').length > 0")
+        label = page.locator("#gen-model option").first.text_content()
+        assert "rope positions" in label and "2 self + 2 relational heads" in label, label
+        heads = page.locator("#att-head option").all_text_contents()
+        assert heads == ["0", "1", "2 (relational)", "3 (relational)"]
+        page.close()
