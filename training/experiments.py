@@ -92,14 +92,18 @@ def corpus_folder(cfg: ExperimentConfig) -> Path:
     return folder
 
 
+def windows(stream: torch.Tensor, n_tokens: int, context: int):
+    """Consecutive windows of at most context + 1 tokens covering the first n_tokens predictions."""
+    for start in range(0, min(n_tokens, len(stream) - 1), context):
+        yield stream[start : min(start + context, n_tokens) + 1]
+
+
 @torch.no_grad()
 def leak_free_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
     """Mean next-token loss over the first n_tokens of a stream, one token at a time via the KV cache."""
     model.eval()
-    T = model.config.context_length
     nll, n = 0.0, 0
-    for start in range(0, min(n_tokens, len(stream) - 1), T):
-        window = stream[start : min(start + T, n_tokens) + 1]
+    for window in windows(stream, n_tokens, model.config.context_length):
         cache = KVCache(model.config.n_layer)
         for t in range(len(window) - 1):
             logits = model(window[t : t + 1].view(1, 1), kv_cache=cache).logits[0, -1].float()
@@ -112,10 +116,8 @@ def leak_free_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
 def full_pass_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
     """The same tokens and windows as leak_free_loss, each window in one forward pass (as in training)."""
     model.eval()
-    T = model.config.context_length
     nll, n = 0.0, 0
-    for start in range(0, min(n_tokens, len(stream) - 1), T):
-        window = stream[start : min(start + T, n_tokens) + 1]
+    for window in windows(stream, n_tokens, model.config.context_length):
         logits = model(window[:-1].unsqueeze(0)).logits[0].float()
         nll += F.cross_entropy(logits, window[1:], reduction="sum").item()
         n += len(window) - 1
