@@ -227,7 +227,11 @@ def run_experiments(cfg: ExperimentConfig) -> list[dict]:
     for name in cfg.variants:
         print(f"== {cfg.corpus}: {name}", flush=True)
         results.append(run_variant(cfg, name, data, tokenizer_path))
-    times = step_times(cfg, Tokenizer.from_file(str(tokenizer_path)).get_vocab_size())
+    cached = Path(cfg.runs) / cfg.corpus / "step_times.json"  # measured once, like the runs
+    times = json.loads(cached.read_text()) if cached.exists() else {}
+    if not set(cfg.variants) <= set(times):
+        times = step_times(cfg, Tokenizer.from_file(str(tokenizer_path)).get_vocab_size())
+        cached.write_text(json.dumps(times, indent=2) + "\n")
     for r in results:
         r["step_time_s"] = round(times[r["variant"]], 4)
     write_report(cfg, results)
@@ -298,13 +302,13 @@ def write_report(cfg: ExperimentConfig, results: list[dict]) -> Path:
         "",
         f"![loss curves]({cfg.corpus}-loss.png)",
         "",
-        "## Per-sentence test loss (nats / token)",
+        "## Per-sentence test loss (nats / token) and perplexity",
         "",
         "| sentence | " + " | ".join(r["variant"] for r in results) + " |",
         "|---|" + "---|" * len(results),
     ]
     for i, s in enumerate(SENTENCES):
-        row = " | ".join(f"{r['sentences'][i]['loss']:.3f}" for r in results)
+        row = " | ".join(f"{r['sentences'][i]['loss']:.3f} ({r['sentences'][i]['ppl']:,.0f})" for r in results)
         lines.append(f"| {s} | {row} |")
     lines += ["", "## Samples (temperature 0.7, top-k 40, seed 0, 30 tokens)", ""]
     for r in results:
