@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     dtype: str = Field("auto", description="auto (float16 on CUDA, float32 on CPU), float32, float16, bfloat16")
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
+    max_prefill_tokens: int = Field(
+        4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"
+    )
     max_new_tokens_cap: int = Field(256, ge=1, description="upper bound on max_new_tokens")
     max_prompt_chars: int = Field(20_000, ge=1, description="longer prompts are refused (422)")
     truncate_prompt: bool = Field(

@@ -90,6 +90,7 @@ class EngineStats:
     running: int = 0
     tokens_generated: int = 0
     decode_steps: int = 0
+    prefill_passes: int = 0
     finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
 
 
@@ -101,6 +102,7 @@ class GenerationEngine:
         eos_id: int,
         max_batch_size: int = 32,
         max_queue: int = 64,
+        max_prefill_tokens: int = 4096,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -108,6 +110,7 @@ class GenerationEngine:
         self.context_length = model.config.context_length
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
+        self.max_prefill_tokens = max_prefill_tokens
         self.device = next(model.parameters()).device
         self.stats = EngineStats()
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -169,8 +172,7 @@ class GenerationEngine:
                     while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
                         admitted.append(self._waiting.popleft())
                     self.stats.queued = len(self._waiting)
-                for req in admitted:
-                    self._admit(req)
+                self._admit(admitted)
                 try:
                     self._step()
                 except Exception as e:  # e.g. out of memory: fail the batch, keep serving
@@ -182,32 +184,65 @@ class GenerationEngine:
         for req in self._waiting:
             self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), "server shutting down"))
 
-    def _admit(self, req: GenerationRequest) -> None:
-        """Prefill the prompt alone, then join its cache to the running batch."""
-        if req.cancelled.is_set():
-            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
-            return
+    def _admit(self, reqs: list[GenerationRequest]) -> None:
+        """Prefill the new prompts together, a few at a time, then join their caches to the running batch.
+
+        Prompts are sorted by length and grouped so that a group's padded size stays within
+        max_prefill_tokens: one forward pass per group instead of one per request (time to first
+        token under load), without one long prompt padding many short ones.
+        """
+        live = []
+        for req in reqs:
+            if req.cancelled.is_set():
+                self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+            else:
+                live.append(req)
+        group: list[GenerationRequest] = []
+        for req in sorted(live, key=lambda r: len(r.prompt_ids)):
+            if group and (len(group) + 1) * len(req.prompt_ids) > self.max_prefill_tokens:
+                self._prefill(group)
+                group = []
+            group.append(req)
+        if group:
+            self._prefill(group)
+
+    def _prefill(self, reqs: list[GenerationRequest]) -> None:
+        """One forward pass over left-padded prompts (B, T); the rows' caches come out right-aligned."""
+        T = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), T), self.eos_id, dtype=torch.long)
+        mask = torch.zeros((len(reqs), T), dtype=torch.long)
+        for i, req in enumerate(reqs):
+            ids[i, T - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
+            mask[i, T - len(req.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        padded = not bool(mask.all())
+        cache = KVCache(self.model.config.n_layer)
         try:
-            cache = KVCache(self.model.config.n_layer)
-            ids = torch.tensor([req.prompt_ids], device=self.device)
-            logits = self.model(ids, kv_cache=cache).logits[0, -1].float().cpu()
-        except Exception as e:  # a failed prefill fails this request, not the engine
-            self._emit(req, FinishEvent("error", "", 0, len(req.prompt_ids), f"{type(e).__name__}: {e}"))
+            logits = self.model(
+                ids,
+                attention_mask=mask if padded else None,
+                position_ids=(mask.cumsum(1) - 1).clamp(min=0) if padded else None,
+                kv_cache=cache,
+            ).logits[:, -1]
+            logits = logits.float().cpu()
+        except Exception as e:  # a failed prefill fails its request, not its group or the engine
+            if len(reqs) > 1:
+                for req in reqs:
+                    self._prefill([req])
+            else:
+                self._emit(reqs[0], FinishEvent("error", "", 0, len(reqs[0].prompt_ids), f"{type(e).__name__}: {e}"))
             return
-        max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
-        self._rows.append(_Row(req, logits, max_new))
-        mask = torch.ones(1, len(req.prompt_ids), dtype=torch.long, device=self.device)
+        self.stats.prefill_passes += 1
+        for req, row_logits in zip(reqs, logits, strict=True):
+            max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
+            self._rows.append(_Row(req, row_logits, max_new))
         if self._cache is None:
             self._cache, self._mask = cache, mask
         else:
             S = max(self._cache.length, cache.length)
             self._cache = KVCache.concat([self._cache, cache])
-            self._mask = torch.cat(
-                [
-                    torch.nn.functional.pad(self._mask, (S - self._mask.shape[1], 0)),
-                    torch.nn.functional.pad(mask, (S - mask.shape[1], 0)),
-                ]
-            )
+            pad = torch.nn.functional.pad
+            self._mask = torch.cat([pad(self._mask, (S - self._mask.shape[1], 0)), pad(mask, (S - T, 0))])
 
     def _step(self) -> None:
         """Choose one token for every row, retire finished rows, run one batched decode step."""

@@ -20,6 +20,7 @@ class EngineCollector(Collector):
         batch = GaugeMetricFamily("tinyserve_batch_size", "requests in the running batch", labels=["model"])
         tokens = CounterMetricFamily("tinyserve_tokens_generated", "tokens generated", labels=["model"])
         steps = CounterMetricFamily("tinyserve_decode_steps", "batched decode steps", labels=["model"])
+        prefills = CounterMetricFamily("tinyserve_prefill_passes", "batched prompt prefills", labels=["model"])
         finished = CounterMetricFamily("tinyserve_generations", "finished generations", labels=["model", "reason"])
         for m in self.models.values():
             if m.engine is not None:
@@ -27,9 +28,10 @@ class EngineCollector(Collector):
                 batch.add_metric([m.id], m.engine.stats.running)
                 tokens.add_metric([m.id], m.engine.stats.tokens_generated)
                 steps.add_metric([m.id], m.engine.stats.decode_steps)
+                prefills.add_metric([m.id], m.engine.stats.prefill_passes)
                 for reason, n in m.engine.stats.finished.items():
                     finished.add_metric([m.id, reason], n)
-        yield from (queue, batch, tokens, steps, finished)
+        yield from (queue, batch, tokens, steps, prefills, finished)
 
 
 class Metrics:

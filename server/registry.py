@@ -82,8 +82,9 @@ class ModelRegistry:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
         if arch == "gpt":
             model, tok = load_gpt(folder, device, dtype)
+            s = self.settings
             engine = GenerationEngine(
-                model, tok, model.config.eos_token_id, self.settings.max_batch_size, self.settings.max_queue
+                model, tok, model.config.eos_token_id, s.max_batch_size, s.max_queue, s.max_prefill_tokens
             )
             return ServedModel(
                 model_id,

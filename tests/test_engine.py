@@ -1,3 +1,4 @@
+import queue
 import statistics
 import threading
 import time
@@ -188,3 +189,34 @@ def test_incremental_detokenisation_is_exact_across_split_characters(engine):
     assert "".join(pieces) == text == row.decoded
     assert not any("\ufffd" in p for p in pieces)
     assert pieces.count("") >= 3  # the emoji's bytes arrive as separate tokens and wait for each other
+
+
+def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokenizer):
+    """Prompts of different lengths admitted at once share left-padded prefill passes, grouped under
+    max_prefill_tokens, and every output equals the request's output when it runs alone."""
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=64)
+    texts = ["River", "The castle was built in", "A short one", "The museum was opened in 1850 , by workers"]
+    ids = [tiny_tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    greedy = SamplingParams(max_new_tokens=15, temperature=0, eos_bias=float("-inf"))
+    alone = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=1)
+    alone.start()
+    expected = [[e.id for e in alone.generate(i, greedy)[0]] for i in ids]
+    alone.stop()
+    assert len({len(i) for i in ids}) == 4  # four prompt lengths: the batched passes need padding
+    for budget, passes in [(4096, 1), (1, 4)]:  # one pass for all; a pass per prompt
+        eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_prefill_tokens=budget)
+        results: list[queue.Queue] = []
+        for i in ids:  # queued before the worker starts: all four are admitted in the same step
+            q: queue.Queue = queue.Queue()
+            eng.submit(i, greedy, q.put)
+            results.append(q)
+        eng.start()
+        got = []
+        for q in results:
+            events = []
+            while not isinstance(event := q.get(timeout=30), FinishEvent):
+                events.append(event.id)
+            got.append(events)
+        eng.stop()
+        assert got == expected
+        assert eng.stats.prefill_passes == passes, budget

@@ -64,6 +64,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         devices=devices,
         max_batch_size=settings.max_batch_size,
         max_queue=settings.max_queue,
+        max_prefill_tokens=settings.max_prefill_tokens,
         max_new_tokens_cap=settings.max_new_tokens_cap,
         max_prompt_chars=settings.max_prompt_chars,
         request_timeout_s=settings.request_timeout_s,

@@ -42,6 +42,7 @@ class Info(BaseModel):
     devices: list[str]
     max_batch_size: int
     max_queue: int
+    max_prefill_tokens: int
     max_new_tokens_cap: int
     max_prompt_chars: int
     request_timeout_s: float
