@@ -204,7 +204,9 @@ def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokeni
     alone.stop()
     assert len({len(i) for i in ids}) == 4  # four prompt lengths: the batched passes need padding
     for budget, passes in [(4096, 1), (1, 4)]:  # one pass for all; a pass per prompt
-        eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_prefill_tokens=budget)
+        eng = GenerationEngine(
+            model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_prefill_tokens=budget
+        )
         results: list[queue.Queue] = []
         for i in ids:  # queued before the worker starts: all four are admitted in the same step
             q: queue.Queue = queue.Queue()
