@@ -49,7 +49,7 @@ def http_server(store: Path, **settings: str) -> Iterator[tuple[str, subprocess.
                         break
                 except httpx.TransportError:
                     pass
-                time.sleep(0.2)
+                time.sleep(0.05)
             else:
                 raise AssertionError("server did not become healthy in 60 s")
             yield base, proc

@@ -424,6 +424,9 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         if config.positions == "learned":
             self.pos_emb = nn.Embedding(config.context_length, config.d_model)
+        if config.positions == "sinusoidal":  # a lookup per decode step instead of sin and cos of every angle
+            table = sinusoidal_encoding(torch.arange(config.context_length).unsqueeze(0), config.d_model)[0]
+            self.register_buffer("pe_table", table, persistent=False)  # (context_length, C)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
@@ -451,7 +454,7 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,  # (B, T), -100 = ignore
         *,
         attention_mask: torch.Tensor | None = None,  # (B, S) 1 = real token, 0 = padding
-        position_ids: torch.Tensor | None = None,  # (B, T); default: cache length + 0..T-1
+        position_ids: torch.Tensor | None = None,  # (B, T), each < S; default: cache length + 0..T-1
         kv_cache: KVCache | None = None,
         return_attention: bool = False,
     ) -> GPTOutput:
@@ -473,7 +476,10 @@ class GPT(nn.Module):
 
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
         if self.config.positions == "sinusoidal":
-            x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
+            if S <= self.pe_table.shape[0]:
+                x = x + self.pe_table[position_ids].to(x.dtype)
+            else:  # past the training context: computed on the fly
+                x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
         elif self.config.positions == "learned":
             x = x + self.pos_emb(position_ids)
         x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
