@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from server.config import Settings
 from server.errors import install_error_handlers
 from server.metrics import Metrics
-from server.middleware import BearerAuth, BodySizeLimit
+from server.middleware import BearerAuth, BodySizeLimit, RequestMetrics
 from server.registry import ModelRegistry
 from server.routers import completions, demo, generate, inspect, models
 
@@ -50,17 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(demo.router)
     app.mount("/static", StaticFiles(directory=demo.STATIC_DIR), name="static")
 
-    @app.middleware("http")
-    async def record(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = route.path if route is not None else "unmatched"  # bounded label values
-        metrics.requests.labels(path, str(response.status_code)).inc()
-        metrics.latency.labels(path).observe(time.perf_counter() - start)
-        return response
-
-    # outermost last: size cap, then auth, then CORS (so preflights and 401s carry CORS headers)
+    # outermost last: size cap, then auth, then CORS (so preflights and 401s carry CORS headers), then
+    # metrics (so 401s and 413s are counted too)
     if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value(), exempt=settings.auth_exempt)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -71,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
 

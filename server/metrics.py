@@ -40,7 +40,7 @@ class Metrics:
         self.requests = Counter("tinyserve_requests", "HTTP requests", ["path", "status"], registry=self.registry)
         self.latency = Histogram(
             "tinyserve_request_seconds",
-            "HTTP request latency",
+            "HTTP request latency, to the end of the response (a stream's last event)",
             ["path"],
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),

@@ -1,13 +1,19 @@
-"""Pure-ASGI middleware: request body size cap and optional bearer-token auth."""
+"""Pure-ASGI middleware: request metrics, request body size cap and optional bearer-token auth.
+
+Pure ASGI rather than `@app.middleware("http")`: that wrapper relays every streamed chunk through an
+extra task and memory stream, and its `call_next` returns when the headers are sent, not the body.
+"""
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import error_body
+from server.metrics import Metrics
 
 
 async def _reject(send: Send, status: int, message: str, error_type: str, headers: list | None = None) -> None:
@@ -20,6 +26,33 @@ async def _reject(send: Send, status: int, message: str, error_type: str, header
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class RequestMetrics:
+    """Counts requests by route and status and observes their latency to the end of the response
+    (a stream's last event, not its headers)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), 500
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            route = scope.get("route")
+            path = route.path if route is not None else "unmatched"  # bounded label values
+            self.metrics.requests.labels(path, str(status)).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - start)
 
 
 class BodySizeLimit:

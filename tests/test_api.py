@@ -3,13 +3,16 @@
 import asyncio
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from server import middleware
 from server.app import create_app
 from server.config import Settings
+from server.metrics import Metrics
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +123,50 @@ def test_malformed_json_and_oversized_body(client, store):
 
 def test_metrics(client):
     client.post("/generate", json={"inputs": "The", "parameters": {"max_new_tokens": 2}})
+    client.post("/generate", json={"inputs": "The", "parameters": {"max_new_tokens": 0}})
     text = client.get("/metrics").text
     assert 'tinyserve_requests_total{path="/generate",status="200"}' in text
+    assert 'tinyserve_requests_total{path="/generate",status="422"}' in text
+    assert 'tinyserve_request_seconds_count{path="/generate"}' in text
     assert "tinyserve_tokens_generated_total" in text and "tinyserve_queue_size" in text
+
+
+def test_refusals_by_outer_middleware_are_counted(store):
+    with TestClient(create_app(Settings(store=store, api_token="s3cret", max_body_bytes=100))) as c:
+        assert c.get("/models").status_code == 401
+        assert c.post("/generate", content=b"x" * 500).status_code == 413
+        text = c.get("/metrics", headers={"Authorization": "Bearer s3cret"}).text
+    assert 'status="401"' in text and 'status="413"' in text
+
+
+def test_stream_latency_is_observed_at_its_last_event(monkeypatch):
+    """A stream's latency ends with its last body chunk, not when its headers are sent."""
+    clock = [0.0]
+    monkeypatch.setattr(middleware.time, "perf_counter", lambda: clock[0])
+
+    async def streaming_app(scope, receive, send):
+        scope["route"] = SimpleNamespace(path="/s")  # what the router sets
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        clock[0] = 1.0
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        clock[0] = 3.0
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def failing_app(scope, receive, send):
+        raise RuntimeError("boom")
+
+    async def ignore(message):
+        pass
+
+    metrics = Metrics({})
+    scope = {"type": "http", "path": "/s", "method": "GET", "headers": []}
+    asyncio.run(middleware.RequestMetrics(streaming_app, metrics)(dict(scope), None, ignore))
+    with pytest.raises(RuntimeError):
+        asyncio.run(middleware.RequestMetrics(failing_app, metrics)(dict(scope), None, ignore))
+    get = metrics.registry.get_sample_value
+    assert get("tinyserve_request_seconds_sum", {"path": "/s"}) == 3.0
+    assert get("tinyserve_requests_total", {"path": "/s", "status": "200"}) == 1
+    assert get("tinyserve_requests_total", {"path": "unmatched", "status": "500"}) == 1
 
 
 def test_bearer_auth(store):
