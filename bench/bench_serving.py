@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
 import platform
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -175,7 +177,9 @@ def mlm_checkpoint() -> tuple[Path, str]:
     from training.esperberto import build_model, make_config, save_model
     from training.esperberto.data import read_corpus, train_roberta_tokenizer
 
-    folder = Path(tempfile.mkdtemp()) / "esperberto-small-random"
+    scratch = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, scratch, True)  # no checkpoint left behind per run
+    folder = Path(scratch) / "esperberto-small-random"
     lines = read_corpus(str(REPO.parent / "shared" / "data" / "esperanto"))[:20000]
     tok = train_roberta_tokenizer(lines, 8192)
     save_model(build_model(make_config("small", "softmax0", vocab_size=len(tok))), folder)
