@@ -116,9 +116,9 @@ class Predictor(BasePredictor):
 
     def _fill_mask(self, model_id: str, prompt: str, top_n: int) -> Iterator[str]:
         if model_id == AUTO:
-            models = [m for m in self.registry.models.values() if m.kind == "roberta-mlm"]
+            models = [m for m in self.registry.models.values() if m.kind == "mlm"]
         else:
-            models = [self.registry.get(model_id, "roberta-mlm")]
+            models = [self.registry.get(model_id, "mlm")]
         if not models:
             raise ValueError("model: no fill-mask model is served")
         for m in models:

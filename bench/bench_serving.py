@@ -169,9 +169,9 @@ def fill_mask_latency(folder: Path, rounds: int) -> dict:
 
 
 def mlm_checkpoint() -> tuple[Path, str]:
-    """A shipped EsperBERTo checkpoint, or a small-preset one with random weights in a temp folder."""
+    """A shipped EsperBERTo checkpoint, or a rotary-small one with random weights in a temp folder."""
     for info in list_checkpoints():
-        if info.ok and info.architecture == "roberta-mlm":
+        if info.ok and info.architecture == "mlm":
             return info.path, info.id
     from model_store.store import write_manifest
     from training.esperberto import build_model, make_config, save_model
@@ -179,15 +179,15 @@ def mlm_checkpoint() -> tuple[Path, str]:
 
     scratch = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, scratch, True)  # no checkpoint left behind per run
-    folder = Path(scratch) / "esperberto-small-random"
+    folder = Path(scratch) / "esperberto-rotary-small-random"
     lines = read_corpus(str(REPO.parent / "shared" / "data" / "esperanto"))[:20000]
     tok = train_roberta_tokenizer(lines, 8192)
-    save_model(build_model(make_config("small", "softmax0", vocab_size=len(tok))), folder)
+    save_model(build_model(make_config("rotary-small", "softmax0", vocab_size=len(tok))), folder)
     tok.save_pretrained(folder)
     (folder / "README.md").write_text("# random small EsperBERTo for benchmarks\n")
     (folder / "metrics.json").write_text("{}")
     write_manifest(folder)
-    return folder, "small preset, random weights"
+    return folder, "rotary-small preset, random weights"
 
 
 def fmt_ratio(r: tuple[float, float, float]) -> str:

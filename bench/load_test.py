@@ -48,7 +48,7 @@ def requests_for(models: list[dict]) -> list[tuple[str, str, dict]]:
         ("stream", "/generate_stream", {"inputs": "In 1990 ,", "parameters": {"model": gpt, "max_new_tokens": 16}}),
         ("attention", "/attention", {"model": gpt, "text": "The castle was built in the 14th century ."}),
     ]
-    if any(m["kind"] == "roberta-mlm" for m in models):
+    if any(m["kind"] == "mlm" for m in models):
         mix.append(("fill-mask", "/fill-mask", {"inputs": "Mi <mask> vin.", "variant": "both"}))
     return mix
 

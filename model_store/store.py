@@ -2,7 +2,7 @@
 
 A checkpoint is a folder under the store root:
 
-    config.json         architecture + hyper-parameters ("architecture": "gpt" | "roberta-mlm")
+    config.json         architecture + hyper-parameters ("architecture": "gpt" | "mlm")
     model.safetensors   weights (safetensors only: nothing here ever unpickles)
     tokenizer.json      Hugging Face `tokenizers` file
     README.md           model card; metrics.json: the same figures, machine-readable
@@ -146,12 +146,15 @@ def validate(folder: Path) -> dict:
     return config
 
 
+MLM_ARCHITECTURES = {"RobertaForMaskedLM", "ModernBertForMaskedLM"}
+
+
 def architecture_of(config: dict) -> str | None:
-    """'gpt' (our from-scratch model) or 'roberta-mlm' (a Hugging Face RobertaForMaskedLM)."""
+    """'gpt' (our from-scratch model) or 'mlm' (an EsperBERTo masked LM: a transformers RoBERTa or ModernBERT)."""
     if config.get("architecture") == "gpt":
         return "gpt"
-    if "RobertaForMaskedLM" in config.get("architectures", []):
-        return "roberta-mlm"
+    if set(config.get("architectures", [])) & MLM_ARCHITECTURES:
+        return "mlm"
     return None
 
 
@@ -219,7 +222,7 @@ def load_gpt(
 
 
 def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Validate and load an EsperBERTo (RobertaForMaskedLM) checkpoint and its tokenizer, in eval mode.
+    """Validate and load an EsperBERTo (RoBERTa or ModernBERT masked LM) checkpoint and its tokenizer, in eval mode.
 
     Importing training.esperberto registers softmax1, so a softmax1 checkpoint comes back as one.
     """
@@ -229,8 +232,10 @@ def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 
     folder = Path(folder)
     config = validate(folder)
-    if architecture_of(config) != "roberta-mlm":
-        raise CheckpointError(folder / "config.json", "not a RobertaForMaskedLM checkpoint")
+    if architecture_of(config) != "mlm":
+        raise CheckpointError(
+            folder / "config.json", f"not a masked LM checkpoint (one of {sorted(MLM_ARCHITECTURES)})"
+        )
     try:
         model = AutoModelForMaskedLM.from_pretrained(folder, use_safetensors=True, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -36,7 +36,7 @@ def main() -> None:
         page.screenshot(path=args.out / "demo-completion.png")
 
         page.click("button[data-tab=fillmask]")
-        page.fill("#mask-text", "La <mask> de la domo estis granda.")
+        page.fill("#mask-text", "Mi <mask> vin.")
         page.click("#fill")
         page.wait_for_selector(".candidates li")
         page.screenshot(path=args.out / "demo-fill-mask.png")
@@ -49,8 +49,18 @@ def main() -> None:
         page.wait_for_selector("#heatmap .cell")
         page.hover("#heatmap .cell >> nth=40")
         page.screenshot(path=args.out / "demo-attention.png")
+
+        page.select_option("#att-model", "esperberto-softmax1")
+        page.wait_for_function("document.querySelectorAll('#att-layer option').length === 4")
+        page.select_option("#att-layer", "3")
+        page.select_option("#att-head", "0")
+        page.fill("#att-text", "La suno brilas hodiaŭ super la granda urbo.")
+        page.click("#show-attention")
+        page.wait_for_selector("#heatmap .cell")
+        page.hover("#heatmap .cell >> nth=12")
+        page.screenshot(path=args.out / "demo-attention-esperberto.png")
         browser.close()
-    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention}}.png")
+    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto}}.png")
 
 
 if __name__ == "__main__":

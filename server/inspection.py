@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from server.errors import APIError
 from server.registry import ServedModel
+from training.esperberto.model import encoder, lm_logits, max_tokens
 
 MAX_MASKS = 20
 MAX_PNG_PANELS = 96
@@ -33,7 +34,7 @@ def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
 
 def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tensor]:
     enc = m.tokenizer(text, return_tensors="pt")
-    limit = m.model.config.max_position_embeddings - 2
+    limit = max_tokens(m.model.config)
     if enc["input_ids"].shape[1] > limit:
         raise APIError(
             422, f"{field}: text is {enc['input_ids'].shape[1]} tokens; model {m.id} takes at most {limit}", field
@@ -156,8 +157,8 @@ def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) 
             target_ids.append(tid)
         target_ids = torch.tensor(sorted(set(target_ids)))
     # the LM head only where the masks are (the encoder runs once over the whole text)
-    hidden = m.model.roberta(**enc.to(next(m.model.parameters()).device)).last_hidden_state[0, positions]
-    logits = m.model.lm_head(hidden).float().cpu()  # (masks, V)
+    hidden = encoder(m.model)(**enc.to(next(m.model.parameters()).device)).last_hidden_state[0, positions]
+    logits = lm_logits(m.model, hidden).float().cpu()  # (masks, V)
     results = []
     for i, pos in enumerate(positions):
         probs = torch.softmax(logits[i], dim=-1)

@@ -23,9 +23,9 @@ class UnknownModelError(LookupError):
 @dataclass
 class ServedModel:
     id: str
-    kind: str  # "gpt" (completion, score, attention) or "roberta-mlm" (fill-mask, attention)
+    kind: str  # "gpt" (completion, score, attention) or "mlm" (fill-mask, attention)
     model: torch.nn.Module
-    tokenizer: object  # tokenizers.Tokenizer for gpt, a transformers tokenizer for roberta-mlm
+    tokenizer: object  # tokenizers.Tokenizer for gpt, a transformers tokenizer for mlm
     folder: Path
     config: dict
     engine: GenerationEngine | None = None
@@ -98,14 +98,14 @@ class ModelRegistry:
                 card,
                 model.config.variant(),
             )
-        if arch == "roberta-mlm":
+        if arch == "mlm":
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")
             if variant == "softmax0":
                 model.set_attn_implementation("eager")  # returns attention weights (for /attention)
             settings = {"softmax": variant, "n_head": model.config.num_attention_heads}
             return ServedModel(
-                model_id, "roberta-mlm", model, tok, folder, model.config.to_dict(), None, variant, card, settings
+                model_id, "mlm", model, tok, folder, model.config.to_dict(), None, variant, card, settings
             )
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 

@@ -51,7 +51,7 @@ def store(tmp_path_factory, tiny_tokenizer):
     mlm_tok = train_roberta_tokenizer(read_corpus(str(TINY_WIKI)), 300)
     for variant in ("softmax0", "softmax1"):
         folder = root / f"tiny-mlm-{variant}"
-        save_model(build_model(make_config("tiny", variant, vocab_size=len(mlm_tok)), seed=1), folder)
+        save_model(build_model(make_config("rotary-tiny", variant, vocab_size=len(mlm_tok)), seed=1), folder)
         mlm_tok.save_pretrained(folder)
         (folder / "README.md").write_text(f"# tiny {variant}\n")
         (folder / "metrics.json").write_text("{}")

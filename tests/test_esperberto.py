@@ -10,11 +10,13 @@ from tests.conftest import TINY_WIKI
 from training.esperberto import build_model, make_config, save_model, softmax1_attention
 from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
 from training.esperberto.study import Moments, activation_study, excess_kurtosis, parameter_kurtosis
-from training.esperberto.train import MLMTrainConfig, evaluate_mlm, train_mlm
+from training.esperberto.train import MLMTrainConfig, evaluate_mlm, shuffle_inner, train_mlm
+
+PRESETS = ["tiny", "rotary-tiny"]  # RoBERTa (the original study's) and ModernBERT (the shipped one)
 
 
-def tiny(variant: str, seed: int = 0):
-    return build_model(make_config("tiny", variant, vocab_size=120), seed=seed).eval()
+def tiny(variant: str, seed: int = 0, preset: str = "tiny"):
+    return build_model(make_config(preset, variant, vocab_size=120), seed=seed).eval()
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +25,20 @@ def mlm_tokenizer():
     return train_roberta_tokenizer(train, 300)
 
 
-def test_both_variants_start_from_identical_weights():
-    a, b = tiny("softmax0"), tiny("softmax1")
+@pytest.mark.parametrize("preset", PRESETS)
+def test_both_variants_start_from_identical_weights(preset):
+    a, b = tiny("softmax0", preset=preset), tiny("softmax1", preset=preset)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert a.config._attn_implementation == "sdpa" and b.config._attn_implementation == "softmax1"
 
 
-def test_softmax1_model_output_differs_from_softmax0_with_same_weights():
+@pytest.mark.parametrize("preset", PRESETS)
+def test_softmax1_model_output_differs_from_softmax0_with_same_weights(preset):
     ids = torch.randint(5, 120, (2, 10))
     with torch.no_grad():
-        assert not torch.allclose(tiny("softmax0")(ids).logits, tiny("softmax1")(ids).logits, atol=1e-4)
+        a, b = tiny("softmax0", preset=preset), tiny("softmax1", preset=preset)
+        assert not torch.allclose(a(ids).logits, b(ids).logits, atol=1e-4)
 
 
 def test_softmax1_attention_matches_hand_computation():
@@ -49,9 +54,10 @@ def test_softmax1_attention_matches_hand_computation():
     torch.testing.assert_close(out[0, :, 0], torch.tensor([[p * 1, p * 2], [p * 1, p * 2]]))
 
 
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
-def test_padding_does_not_change_real_token_logits(variant):
-    model = tiny(variant)
+def test_padding_does_not_change_real_token_logits(variant, preset):
+    model = tiny(variant, preset=preset)
     ids = torch.randint(5, 120, (1, 8))
     padded = torch.cat([ids, torch.full((1, 4), model.config.pad_token_id)], dim=1)
     mask = torch.cat([torch.ones(1, 8), torch.zeros(1, 4)], dim=1).long()
@@ -61,8 +67,9 @@ def test_padding_does_not_change_real_token_logits(variant):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_save_load_round_trip_keeps_the_variant(tmp_path):
-    model = tiny("softmax1", seed=3)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_save_load_round_trip_keeps_the_variant(tmp_path, preset):
+    model = tiny("softmax1", seed=3, preset=preset)
     save_model(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["attention_variant"] == "softmax1" and config["attn_implementation"] == "softmax1"
@@ -83,9 +90,10 @@ def test_kurtosis_matches_scipy():
     assert math.isclose(m.kurtosis(), scipy_kurtosis(x.numpy(), fisher=True, bias=True), rel_tol=1e-6)
 
 
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
-def test_hooks_see_every_layer_and_every_position(variant):
-    model = tiny(variant)
+def test_hooks_see_every_layer_and_every_position(variant, preset):
+    model = tiny(variant, preset=preset)
     blocks = torch.randint(5, 120, (5, 16))
     r = activation_study(model, blocks, batch_size=2)
     n_layer = model.config.num_hidden_layers
@@ -107,7 +115,7 @@ def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
         data=str(TINY_WIKI),
         out=str(tmp_path / "run"),
         variant="softmax1",
-        preset="tiny",
+        preset="rotary-tiny",
         tokenizer=str(tmp_path / "tok"),
         block_size=32,
         holdout_every=4,
@@ -123,24 +131,87 @@ def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
     _, valid = split_lines(read_corpus(str(TINY_WIKI)), 4)
     blocks = encode_blocks(valid, mlm_tokenizer, 32)
     untrained = evaluate_mlm(
-        build_model(make_config("tiny", "softmax1", vocab_size=len(mlm_tokenizer))), mlm_tokenizer, blocks
+        build_model(make_config("rotary-tiny", "softmax1", vocab_size=len(mlm_tokenizer))), mlm_tokenizer, blocks
     )
     assert metrics["heldout"]["mlm_loss"] < untrained["mlm_loss"] - 0.5
     assert (tmp_path / "store" / "manifest.json").exists()
-    assert "top-5 accuracy" in (tmp_path / "store" / "README.md").read_text()
+    card = (tmp_path / "store" / "README.md").read_text()
+    assert "top-5 accuracy" in card and "| `Mi <mask> vin.` |" in card
+    rows = [json.loads(line) for line in (tmp_path / "run" / "heldout_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [20, 40] and all("order_gap" in r for r in rows)
+    best = min(rows, key=lambda r: r["valid_loss"])
+    assert metrics["best_step"] == best["step"]  # the kept checkpoint is the best one, not the last
+    exported = AutoModelForMaskedLM.from_pretrained(tmp_path / "store")
+    assert exported.config._attn_implementation == "softmax1"
 
 
-def test_masked_positions_loss_equals_the_models_own_mlm_loss():
+def test_shuffle_inner_keeps_special_tokens_and_token_label_pairs():
+    ids = torch.arange(24).view(2, 12)
+    labels = torch.where(ids % 3 == 0, ids + 100, -100)
+    sid, slab = shuffle_inner(ids, labels, seed=1)
+    assert torch.equal(sid[:, [0, -1]], ids[:, [0, -1]])
+    assert not torch.equal(sid, ids)
+    for row in range(2):
+        assert sorted(sid[row].tolist()) == ids[row].tolist()
+        assert torch.equal(slab[row], torch.where(sid[row] % 3 == 0, sid[row] + 100, -100))
+
+
+def test_order_gap_is_zero_without_positions_and_positive_with_them(mlm_tokenizer):
+    """A model that cannot see order has no gap; the metric is not noise around a constant."""
+    _, valid = split_lines(read_corpus(str(TINY_WIKI)), 4)
+    blocks = encode_blocks(valid, mlm_tokenizer, 32)
+    model = build_model(make_config("rotary-tiny", "softmax0", vocab_size=len(mlm_tokenizer)), seed=0)
+    with torch.no_grad():
+        for layer in model.model.layers:  # sharp attention, so that what a token attends to matters
+            layer.attn.Wqkv.weight.mul_(20)
+            layer.attn.Wo.weight.mul_(50)
+    with_rope = evaluate_mlm(model, mlm_tokenizer, blocks)
+    with torch.no_grad():
+        model.model.rotary_emb.full_attention_inv_freq.zero_()  # rotation by angle 0: no positions
+    without = evaluate_mlm(model, mlm_tokenizer, blocks)
+    assert abs(without["order_gap"]) < 1e-4
+    assert abs(with_rope["order_gap"]) > 1e-3
+
+
+def test_rotary_preset_is_global_attention_with_the_studied_biases():
+    config = make_config("rotary-small", "softmax1")
+    assert config.layer_types == ["full_attention"] * config.num_hidden_layers
+    assert config.attention_bias and config.norm_bias and config.mlp_bias
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 10_000.0
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_masked_positions_loss_equals_the_models_own_mlm_loss(preset, tmp_path):
     """The trainer's shortcut (LM head on masked positions only) is the same loss, not an approximation."""
+    from transformers import TrainingArguments
+
     from training.esperberto.train import MaskedPositionsTrainer
 
-    model = build_model(make_config("tiny", "softmax1", vocab_size=300), seed=0).eval()  # no dropout
+    model = build_model(make_config(preset, "softmax1", vocab_size=300), seed=0).eval()  # no dropout
     ids = torch.randint(5, 300, (3, 20), generator=torch.Generator().manual_seed(0))
     labels = torch.full_like(ids, -100)
     labels[:, ::4] = ids[:, ::4]
     inputs = {"input_ids": ids, "labels": labels}
-    ours = MaskedPositionsTrainer.compute_loss(None, model, inputs)
+    trainer = MaskedPositionsTrainer(model=model, args=TrainingArguments(tmp_path, use_cpu=True, report_to=[]))
+    ours = trainer.compute_loss(model, inputs)
     torch.testing.assert_close(ours, model(**inputs).loss)
+
+
+def test_bf16_training_autocasts_the_encoder(tmp_path):
+    """accelerate autocasts model.forward only; the masked-positions loss calls the encoder directly."""
+    from transformers import TrainingArguments
+
+    from training.esperberto.train import MaskedPositionsTrainer
+
+    model = build_model(make_config("rotary-tiny", "softmax0", vocab_size=300), seed=0)
+    args = TrainingArguments(tmp_path, use_cpu=True, bf16=True, report_to=[])
+    trainer = MaskedPositionsTrainer(model=model, args=args)
+    dtypes = []
+    hook = model.model.layers[0].mlp.Wi.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
+    ids = torch.randint(5, 300, (2, 16))
+    trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+    hook.remove()
+    assert dtypes == [torch.bfloat16]
 
 
 def test_sinusoidal_position_init_is_the_scaled_table_for_both_variants():
@@ -159,3 +230,17 @@ def test_sinusoidal_position_init_is_the_scaled_table_for_both_variants():
     torch.testing.assert_close(table[p], expected * 0.02 * math.sqrt(2))
     random = build_model(make_config("tiny", "softmax0"), seed=3).roberta.embeddings.position_embeddings.weight
     assert not torch.allclose(random[2:], table[2:])
+
+
+def test_kurtosis_command_writes_the_study_for_both_variants(store, tmp_path):
+    from training.__main__ import main
+
+    folders = [str(store / f"tiny-mlm-{v}") for v in ("softmax0", "softmax1")]
+    main(["kurtosis", *folders, "--data", str(TINY_WIKI), "--holdout-every", "4", "--block-size", "32", "--out",
+          str(tmp_path)])  # fmt: skip
+    report = (tmp_path / "kurtosis.md").read_text()
+    assert "`model.layers.{i}.attn.Wo`" in report and "| softmax1 | — | — | — | — | 4.44 |" in report
+    data = json.loads((tmp_path / "kurtosis.json").read_text())
+    assert set(data) == {"softmax0", "softmax1"}
+    assert len(data["softmax1"]["activations"]["Dense"]) == 2  # one value per layer
+    assert all((tmp_path / f"kurtosis_{k}.png").read_bytes()[:4] == b"\x89PNG" for k in ("parameters", "activations"))

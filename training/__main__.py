@@ -135,7 +135,10 @@ def add_esperberto_parser(sub) -> None:
         "--tokenizer", default=None, help="tokenizer folder shared by both variants (trained there if missing)"
     )
     p.add_argument(
-        "--preset", default="small", choices=["tiny", "small", "full"], help="model size (full = the study's 6x768)"
+        "--preset",
+        default="rotary-small",
+        choices=["tiny", "small", "full", "rotary-tiny", "rotary-small"],
+        help="architecture and size: rotary-* = ModernBERT (shipped), others RoBERTa (full = the study's 6x768)",
     )
     p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default: the preset's)")
     p.add_argument("--block-size", type=int, default=128, help="tokens per training block, <s> and </s> included")
@@ -143,11 +146,16 @@ def add_esperberto_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="blocks per step")
     p.add_argument("--max-steps", type=int, default=3000, help="optimiser steps")
     p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (linear warmup and decay)")
-    p.add_argument("--warmup-steps", type=int, default=150, help="linear warmup steps")
+    p.add_argument("--warmup-steps", type=int, default=300, help="linear warmup steps")
+    p.add_argument("--mlm-probability", type=float, default=0.25, help="share of tokens masked in training")
     p.add_argument("--eval-steps", type=int, default=250, help="steps between evaluations and checkpoints")
+    p.add_argument("--eval-blocks", type=int, default=200, help="held-out blocks scored every --eval-steps")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=42, help="seed for weights, data order and masks")
-    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
-    p.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default: RoBERTa's 0.1)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast instead of fp32")
+    p.add_argument(
+        "--dropout", type=float, default=0.0, help="dropout everywhere (negative: the architecture's default)"
+    )
     p.add_argument(
         "--position-init", default="random", choices=["random", "sinusoidal"], help="initial position embeddings"
     )
@@ -293,8 +301,11 @@ def run_esperberto(args) -> None:
         warmup_steps=args.warmup_steps,
         eval_steps=args.eval_steps,
         seed=args.seed,
-        bf16=not args.no_bf16,
-        dropout=args.dropout,
+        bf16=args.bf16,
+        dropout=None if args.dropout < 0 else args.dropout,
+        mlm_probability=args.mlm_probability,
+        eval_blocks=args.eval_blocks,
+        threads=args.threads,
         position_init=args.position_init,
     )
     train_mlm(cfg, command=args.command_line)
@@ -327,9 +338,11 @@ def run_kurtosis(args) -> None:
         blocks = encode_blocks(valid_lines, tok, args.block_size)[: args.max_blocks]
         name = model.config.attention_variant
         models[name] = model
+        metrics = Path(folder) / "metrics.json"
         results[name] = {
             "checkpoint": Path(folder).name,
             "blocks": len(blocks),
+            "heldout": json.loads(metrics.read_text()).get("heldout") if metrics.exists() else None,
             "parameters": parameter_kurtosis(model),
         }
         results[name].update(activation_study(model, blocks))

@@ -50,10 +50,10 @@ def attention(body: AttentionRequest, registry: Registry):
 def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
     """Fill <mask> tokens; `variant: both` answers with softmax0 and softmax1 side by side."""
     if body.model is not None:
-        models = [find_model(registry, body.model, "roberta-mlm", "model")]
+        models = [find_model(registry, body.model, "mlm", "model")]
     else:
         wanted = ["softmax0", "softmax1"] if body.variant == "both" else [body.variant]
-        models = [m for m in registry.models.values() if m.kind == "roberta-mlm" and m.variant in wanted]
+        models = [m for m in registry.models.values() if m.kind == "mlm" and m.variant in wanted]
         missing = set(wanted) - {m.variant for m in models}
         if missing:
             raise APIError(

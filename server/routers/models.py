@@ -13,7 +13,7 @@ from server.schemas.models import Health, Info, ModelCard, ModelList, ModelSumma
 
 router = APIRouter(tags=["models and service"])
 
-TASKS = {"gpt": ["generate", "completions", "score", "attention"], "roberta-mlm": ["fill-mask", "attention"]}
+TASKS = {"gpt": ["generate", "completions", "score", "attention"], "mlm": ["fill-mask", "attention"]}
 
 
 def summary(m: ServedModel) -> ModelSummary:

@@ -166,7 +166,7 @@ async function fillMask(event) {
   target.replaceChildren();
   try {
     const text = $("mask-text").value;
-    const variants = new Set(models.filter((m) => m.kind === "roberta-mlm").map((m) => m.attention));
+    const variants = new Set(models.filter((m) => m.kind === "mlm").map((m) => m.attention));
     const variant = variants.size > 1 ? "both" : [...variants][0] || "both"; // "both" when both are served
     const body = { inputs: text, variant, top_k: Number($("mask-topk").value) };
     const { results } = await (await post("/fill-mask", body)).json();

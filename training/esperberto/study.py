@@ -2,7 +2,9 @@
 
 - Excess kurtosis, E[(x-mu)^4] / E[(x-mu)^2]^2 - 3, of the attention-output parameters of every layer
   (dense weight and bias, LayerNorm weight and bias) and of its activations (dense, dropout,
-  LayerNorm output), as mean +- std across layers: the original study's tables.
+  LayerNorm output), as mean +- std across layers: the original study's tables. In ModernBERT
+  (pre-LN) the same roles are the attention's output projection `attn.Wo`, its `attn.out_drop`, and
+  the LayerNorm that next reads the residual stream, `mlp_norm` (MODULES).
 - Activations are captured with forward hooks over all held-out blocks and all their positions,
   accumulated as exact moments: the original measured only the first sample of each batch and
   averaged per-pass kurtosis values.
@@ -22,14 +24,29 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import RobertaForMaskedLM  # noqa: E402
 
-PARAMS = {  # column name -> parameter of each layer's attention.output
-    "Dense Weight": "dense.weight",
-    "Dense Bias": "dense.bias",
-    "LayerNorm Weight": "LayerNorm.weight",
-    "LayerNorm Bias": "LayerNorm.bias",
+from training.esperberto.model import MaskedLM  # noqa: E402
+
+# role -> module of layer {i}, per architecture: the original study's attention.output submodules
+MODULES = {
+    "RobertaForMaskedLM": {
+        "dense": "roberta.encoder.layer.{i}.attention.output.dense",
+        "dropout": "roberta.encoder.layer.{i}.attention.output.dropout",
+        "LayerNorm": "roberta.encoder.layer.{i}.attention.output.LayerNorm",
+    },
+    "ModernBertForMaskedLM": {
+        "dense": "model.layers.{i}.attn.Wo",
+        "dropout": "model.layers.{i}.attn.out_drop",
+        "LayerNorm": "model.layers.{i}.mlp_norm",
+    },
 }
+PARAMS = {  # column name -> (role, parameter)
+    "Dense Weight": ("dense", "weight"),
+    "Dense Bias": ("dense", "bias"),
+    "LayerNorm Weight": ("LayerNorm", "weight"),
+    "LayerNorm Bias": ("LayerNorm", "bias"),
+}
+ORIGINAL_LOSS = {"softmax0": 4.46, "softmax1": 4.44}  # shared/reference/README.md, section 1
 ACTIVATIONS = {"Dense": "dense", "Dropout": "dropout", "Output (LayerNorm)": "LayerNorm"}
 
 
@@ -62,21 +79,28 @@ class Moments:
         return c4 / var**2 - 3.0
 
 
-def attention_output(model: RobertaForMaskedLM, layer: int) -> torch.nn.Module:
-    return model.roberta.encoder.layer[layer].attention.output
+def module_name(model: MaskedLM, role: str, layer: int) -> str:
+    return MODULES[type(model).__name__][role].format(i=layer)
 
 
-def parameter_kurtosis(model: RobertaForMaskedLM) -> dict[str, list[float]]:
+def study_module(model: MaskedLM, role: str, layer: int) -> torch.nn.Module:
+    """The module playing `role` (dense, dropout, LayerNorm) after layer `layer`'s attention."""
+    return model.get_submodule(module_name(model, role, layer))
+
+
+def study_parameter(model: MaskedLM, column: str, layer: int) -> torch.Tensor:
+    role, name = PARAMS[column]
+    return study_module(model, role, layer).get_parameter(name)
+
+
+def parameter_kurtosis(model: MaskedLM) -> dict[str, list[float]]:
     """Per-layer excess kurtosis of each attention-output parameter."""
     n = model.config.num_hidden_layers
-    return {
-        col: [excess_kurtosis(attention_output(model, i).get_parameter(p)) for i in range(n)]
-        for col, p in PARAMS.items()
-    }
+    return {col: [excess_kurtosis(study_parameter(model, col, i)) for i in range(n)] for col in PARAMS}
 
 
 @torch.no_grad()
-def activation_study(model: RobertaForMaskedLM, blocks: torch.Tensor, batch_size: int = 32) -> dict:
+def activation_study(model: MaskedLM, blocks: torch.Tensor, batch_size: int = 32) -> dict:
     """Kurtosis of attention-output activations and attention mass on nothing / the first token.
 
     Runs in eval mode, where dropout is the identity: its column equals the dense column (the
@@ -91,7 +115,7 @@ def activation_study(model: RobertaForMaskedLM, blocks: torch.Tensor, batch_size
     hooks = []
     for i in range(n_layer):
         for col, name in ACTIVATIONS.items():
-            module = getattr(attention_output(model, i), name)
+            module = study_module(model, name, i)
             hooks.append(module.register_forward_hook(lambda _m, _in, out, acc=moments[col][i]: acc.add(out)))
     nothing = torch.zeros(n_layer, model.config.num_attention_heads, dtype=torch.float64)
     first = torch.zeros_like(nothing)
@@ -122,13 +146,36 @@ def mean_std(values: list[float]) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
-def write_report(results: dict[str, dict], out: Path, models: dict[str, RobertaForMaskedLM], note: str = "") -> str:
+def write_report(results: dict[str, dict], out: Path, models: dict[str, MaskedLM], note: str = "") -> str:
     """Markdown tables (the original study's layout) + JSON + histogram PNGs in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     lines = [
         "# EsperBERTo: softmax0 vs softmax1",
         "",
         note,
+        "",
+        "Modules measured (layer i): "
+        + "; ".join(
+            f"{role} = `{MODULES[arch][role]}`"
+            for arch in sorted({type(m).__name__ for m in models.values()})
+            for role in MODULES[arch]
+        ),
+        "",
+        "## Training loss",
+        "",
+        "Ours: held-out MLM loss of the checkpoint (its metrics.json: the whole held-out split, 15 % masks).",
+        "The original's: its final training loss (6 × 768 RoBERTa, one epoch of 473 MB, one A10G GPU).",
+        "",
+        "| Model | held-out MLM loss | top-1 | top-5 | order gap | the original study's loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        h = r.get("heldout") or {}
+        figures = [
+            f"{h[k]:.3f}" if k in h else "—" for k in ("mlm_loss", "top1_accuracy", "top5_accuracy", "order_gap")
+        ]
+        lines.append(f"| {name} | " + " | ".join(figures) + f" | {ORIGINAL_LOSS.get(name, '—')} |")
+    lines += [
         "",
         "## Excess kurtosis of attention-output weights (mean ± std across layers)",
         "",
@@ -180,19 +227,16 @@ def write_report(results: dict[str, dict], out: Path, models: dict[str, RobertaF
     return report
 
 
-def plot_histograms(models: dict[str, RobertaForMaskedLM], results: dict[str, dict], out: Path) -> None:
+def plot_histograms(models: dict[str, MaskedLM], results: dict[str, dict], out: Path) -> None:
     """Overlaid per-variant histograms of the attention-output parameters and activations."""
     params = {
-        f"attention.output.{p}": {
+        f"attention output: {col}": {
             name: torch.cat(
-                [
-                    attention_output(m, i).get_parameter(p).detach().flatten().float()
-                    for i in range(m.config.num_hidden_layers)
-                ]
+                [study_parameter(m, col, i).detach().flatten().float() for i in range(m.config.num_hidden_layers)]
             ).numpy()
             for name, m in models.items()
         }
-        for p in PARAMS.values()
+        for col in PARAMS
     }
     activations = {
         f"activations: {col}": {name: r["_samples"][col] for name, r in results.items()} for col in ACTIVATIONS
