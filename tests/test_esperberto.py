@@ -141,6 +141,7 @@ def test_tiny_mlm_run_lowers_loss(tmp_path, mlm_tokenizer):
     assert [r["step"] for r in rows] == [20, 40] and all("order_gap" in r for r in rows)
     best = min(rows, key=lambda r: r["valid_loss"])
     assert metrics["best_step"] == best["step"]  # the kept checkpoint is the best one, not the last
+    assert (tmp_path / "store" / "heldout_log.jsonl").read_text().count("\n") == 2  # the curve's data ships too
     exported = AutoModelForMaskedLM.from_pretrained(tmp_path / "store")
     assert exported.config._attn_implementation == "softmax1"
 
@@ -233,9 +234,16 @@ def test_sinusoidal_position_init_is_the_scaled_table_for_both_variants():
 
 
 def test_kurtosis_command_writes_the_study_for_both_variants(store, tmp_path):
+    import shutil
+
     from training.__main__ import main
 
-    folders = [str(store / f"tiny-mlm-{v}") for v in ("softmax0", "softmax1")]
+    folders = []
+    for v in ("softmax0", "softmax1"):
+        folder = shutil.copytree(store / f"tiny-mlm-{v}", tmp_path / "store" / v)
+        row = {"train_loss": 5.0, "valid_loss": 4.0, "top1_accuracy": 0.1, "order_gap": 0.5}
+        (folder / "heldout_log.jsonl").write_text("".join(json.dumps({"step": s, **row}) + "\n" for s in (10, 20)))
+        folders.append(str(folder))
     main(["kurtosis", *folders, "--data", str(TINY_WIKI), "--holdout-every", "4", "--block-size", "32", "--out",
           str(tmp_path)])  # fmt: skip
     report = (tmp_path / "kurtosis.md").read_text()
@@ -243,4 +251,6 @@ def test_kurtosis_command_writes_the_study_for_both_variants(store, tmp_path):
     data = json.loads((tmp_path / "kurtosis.json").read_text())
     assert set(data) == {"softmax0", "softmax1"}
     assert len(data["softmax1"]["activations"]["Dense"]) == 2  # one value per layer
-    assert all((tmp_path / f"kurtosis_{k}.png").read_bytes()[:4] == b"\x89PNG" for k in ("parameters", "activations"))
+    pngs = ("kurtosis_parameters", "kurtosis_activations", "heldout_curves")
+    assert all((tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG" for name in pngs)
+    assert "![held-out curves](heldout_curves.png)" in report

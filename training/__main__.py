@@ -330,6 +330,7 @@ def run_kurtosis(args) -> None:
     from model_store import load_mlm
     from training.esperberto.data import encode_blocks, read_corpus, split_lines
     from training.esperberto.study import activation_study, parameter_kurtosis, write_report
+    from training.esperberto.train import read_log
 
     _, valid_lines = split_lines(read_corpus(args.data), args.holdout_every)
     results, models = {}, {}
@@ -343,6 +344,7 @@ def run_kurtosis(args) -> None:
             "checkpoint": Path(folder).name,
             "blocks": len(blocks),
             "heldout": json.loads(metrics.read_text()).get("heldout") if metrics.exists() else None,
+            "_log": read_log(Path(folder) / "heldout_log.jsonl"),
             "parameters": parameter_kurtosis(model),
         }
         results[name].update(activation_study(model, blocks))

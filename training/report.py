@@ -25,6 +25,30 @@ def plot_loss_curve(log: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_mlm_curves(logs: dict[str, list[dict]], path: Path) -> None:
+    """Held-out loss, top-1 accuracy and order gap against step, one line per run (e.g. per variant)."""
+    panels = (
+        ("valid_loss", "held-out MLM loss (nats)"),
+        ("top1_accuracy", "held-out top-1"),
+        ("order_gap", "order gap (nats)"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.6))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for name, log in logs.items():
+            ax.plot([e["step"] for e in log], [e[key] for e in log], marker="o", markersize=2.5, label=name)
+        if key == "valid_loss":
+            for name, log in logs.items():
+                ax.plot([e["step"] for e in log], [e["train_loss"] for e in log], alpha=0.4, ls="--",
+                        label=f"{name} (train, 25 % masks)")  # fmt: skip
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
     """Markdown model card of a GPT run: data, exact command, size, time and perplexities."""
     m = cfg_dict["model"]

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from training.esperberto.model import MaskedLM  # noqa: E402
+from training.report import plot_mlm_curves  # noqa: E402
 
 # role -> module of layer {i}, per architecture: the original study's attention.output submodules
 MODULES = {
@@ -210,6 +211,10 @@ def write_report(results: dict[str, dict], out: Path, models: dict[str, MaskedLM
         for layer in range(len(r["parameters"]["Dense Weight"])):
             vals = [r["parameters"][c][layer] for c in PARAMS] + [r["activations"][c][layer] for c in ACTIVATIONS]
             lines.append(f"| {name} | {layer} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    logs = {name: r["_log"] for name, r in results.items() if r.get("_log")}
+    if logs:
+        plot_mlm_curves(logs, out / "heldout_curves.png")
+        lines += ["", "## Training curves (fixed held-out slice)", "", "![held-out curves](heldout_curves.png)"]
     lines += [
         "",
         "![parameter histograms](kurtosis_parameters.png)",

@@ -173,13 +173,13 @@ class HeldoutCallback(TrainerCallback):
             (self.best_dir / "heldout.json").write_text(json.dumps(row, indent=2) + "\n")
 
 
-def read_log(path: Path, until_step: int) -> list[dict]:
-    """Held-out rows up to a step, the last one per step (a resumed run repeats steps)."""
+def read_log(path: Path, until_step: int | None = None) -> list[dict]:
+    """Held-out rows (up to a step), the last one per step (a resumed run repeats steps)."""
     rows = {}
     if path.exists():
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if row["step"] <= until_step:
+            if until_step is None or row["step"] <= until_step:
                 rows[row["step"]] = row
     return [rows[s] for s in sorted(rows)]
 
@@ -272,14 +272,15 @@ def fill_mask_examples(model: MaskedLM, tokenizer, texts=FILL_MASK_EXAMPLES) -> 
 def export(model, tokenizer, folder: Path, metrics: dict, log: list[dict], command: str) -> None:
     """A model-store checkpoint: HF files + our model card, metrics, loss curve and manifest."""
     from model_store.store import write_manifest
-    from training.report import plot_loss_curve, write_mlm_card
+    from training.report import plot_mlm_curves, write_mlm_card
 
     metrics["fill_mask"] = fill_mask_examples(model, tokenizer)
     folder.mkdir(parents=True, exist_ok=True)
     save_model(model, folder)
     tokenizer.save_pretrained(folder)
     if log:
-        plot_loss_curve(log, folder / "loss_curve.png")
+        plot_mlm_curves({metrics["variant"]: log}, folder / "loss_curve.png")
+        (folder / "heldout_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
     (folder / "README.md").write_text(write_mlm_card(metrics, command))
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_manifest(folder)
