@@ -16,7 +16,9 @@ from matplotlib.figure import Figure
 
 from server.errors import APIError
 from server.registry import ServedModel
-from training.esperberto.model import encoder, lm_logits, max_tokens
+from training.esperberto.fill_mask import fill_mask as esperberto_fill_mask
+from training.esperberto.fill_mask import target_ids
+from training.esperberto.model import max_tokens
 
 MAX_MASKS = 20
 MAX_PNG_PANELS = 96
@@ -133,51 +135,18 @@ def attention_png(result: dict) -> bytes:
     return buf.getvalue()
 
 
-@torch.inference_mode()
 def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) -> list:
-    """The transformers fill-mask pipeline's output format; each mask is filled on its own."""
+    """Validate a fill-mask request, then fill it (training/esperberto/fill_mask.py); pipeline format."""
     tok = m.tokenizer
-    enc = mlm_encoding(m, text, "inputs")
-    ids = enc["input_ids"][0]
-    positions = (ids == tok.mask_token_id).nonzero().flatten().tolist()
-    if not positions:
+    ids = mlm_encoding(m, text, "inputs")["input_ids"][0]
+    n_masks = int((ids == tok.mask_token_id).sum())
+    if not n_masks:
         raise APIError(422, f"inputs: no {tok.mask_token} token in the text", "inputs")
-    if len(positions) > MAX_MASKS:
-        raise APIError(422, f"inputs: {len(positions)} {tok.mask_token} tokens; at most {MAX_MASKS}", "inputs")
-    target_ids = None
-    if targets:
-        target_ids = []
-        for t in targets:
-            tid = tok.convert_tokens_to_ids(t) if t in tok.get_vocab() else None
-            if tid is None:
-                enc_t = tok(t, add_special_tokens=False)["input_ids"]
-                if not enc_t:
-                    raise APIError(422, f"targets: {t!r} has no tokens", "targets")
-                tid = enc_t[0]
-            target_ids.append(tid)
-        target_ids = torch.tensor(sorted(set(target_ids)))
-    # the LM head only where the masks are (the encoder runs once over the whole text)
-    hidden = encoder(m.model)(**enc.to(next(m.model.parameters()).device)).last_hidden_state[0, positions]
-    logits = lm_logits(m.model, hidden).float().cpu()  # (masks, V)
-    results = []
-    for i, pos in enumerate(positions):
-        probs = torch.softmax(logits[i], dim=-1)
-        if target_ids is not None:
-            cand_probs, order = probs[target_ids].topk(min(top_k, len(target_ids)))
-            cand_ids = target_ids[order]
-        else:
-            cand_probs, cand_ids = probs.topk(top_k)
-        row = []
-        for p, cid in zip(cand_probs.tolist(), cand_ids.tolist(), strict=True):
-            filled = ids.clone()
-            filled[pos] = cid
-            row.append(
-                {
-                    "score": p,
-                    "token": cid,
-                    "token_str": tok.decode([cid]),
-                    "sequence": tok.decode(filled, skip_special_tokens=True),
-                }
-            )
-        results.append(row)
+    if n_masks > MAX_MASKS:
+        raise APIError(422, f"inputs: {n_masks} {tok.mask_token} tokens; at most {MAX_MASKS}", "inputs")
+    try:
+        candidates = target_ids(tok, targets) if targets else None
+    except ValueError as e:
+        raise APIError(422, f"targets: {e}", "targets") from None
+    results = esperberto_fill_mask(m.model, tok, ids, top_k, candidates)
     return results[0] if len(results) == 1 else results

@@ -254,3 +254,21 @@ def test_kurtosis_command_writes_the_study_for_both_variants(store, tmp_path):
     pngs = ("kurtosis_parameters", "kurtosis_activations", "heldout_curves")
     assert all((tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG" for name in pngs)
     assert "![held-out curves](heldout_curves.png)" in report
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fill_mask_equals_the_transformers_pipeline(preset, mlm_tokenizer):
+    from transformers import pipeline
+
+    from training.esperberto.fill_mask import fill_mask, target_ids
+
+    model = build_model(make_config(preset, "softmax1", vocab_size=len(mlm_tokenizer)), seed=2).eval()
+    text = "The <mask> was built in the <mask> century."
+    ours = fill_mask(model, mlm_tokenizer, mlm_tokenizer(text, return_tensors="pt")["input_ids"][0], top_k=4)
+    theirs = pipeline("fill-mask", model=model, tokenizer=mlm_tokenizer)(text, top_k=4)
+    assert [[c["token"] for c in row] for row in ours] == [[c["token"] for c in row] for row in theirs]
+    for a, b in zip(sum(ours, []), sum(theirs, []), strict=True):
+        assert a["sequence"] == b["sequence"] and math.isclose(a["score"], b["score"], rel_tol=1e-4)
+    targets = target_ids(mlm_tokenizer, ["castle", "12th"])
+    restricted = fill_mask(model, mlm_tokenizer, mlm_tokenizer(text, return_tensors="pt")["input_ids"][0], 5, targets)
+    assert all(len(row) == len(targets) and {c["token"] for c in row} == set(targets.tolist()) for row in restricted)
