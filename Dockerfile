@@ -35,4 +35,5 @@ ENV MPLCONFIGDIR=/tmp/matplotlib
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
-CMD ["uvicorn", "server.app:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "30"]
+# the server's own entry point: its drain limit outlasts the stream grace period (TINYSERVE_SHUTDOWN_GRACE_S)
+CMD ["python", "-m", "server", "--host", "0.0.0.0", "--port", "8000"]

@@ -14,7 +14,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TINYSERVE_", env_nested_delimiter="__")
 
     host: str = Field("127.0.0.1", description="interface to bind")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")
     store: Path = Field(STORE_ROOT, description="model store folder")
     models: list[str] | None = Field(None, description="model ids to load (default: every valid checkpoint)")
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda, cuda:N")

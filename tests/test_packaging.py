@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -10,6 +11,8 @@ from importlib.metadata import requires
 from pathlib import Path
 
 import yaml
+
+from server.__main__ import parse_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +45,12 @@ def test_dockerfile_installs_the_requirements_and_copies_what_the_server_imports
     for package in ("training/", "model_store/", "server/"):
         assert f"COPY --chown=tinyserve:tinyserve {package} {package}" in text
     assert re.search(r"^USER 10001$", text, re.M) and "HEALTHCHECK" in text and "/health" in text
-    assert "EXPOSE 8000" in text and '"server.app:app"' in text
+    assert "EXPOSE 8000" in text
+    # the image runs the server's own entry point (its drain limit outlasts the stream grace), on port 8000
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    assert cmd[:3] == ["python", "-m", "server"]
+    settings = parse_settings(cmd[3:])
+    assert (settings.host, settings.port) == ("0.0.0.0", 8000)
 
 
 def test_hadolint_passes():
