@@ -35,3 +35,17 @@ def test_help_lists_every_option_with_its_environment_variable():
     text = " ".join(out.stdout.split())  # argparse wraps lines
     for name in Settings.model_fields:
         assert f"--{name.replace('_', '-')}" in text and f"TINYSERVE_{name.upper()}" in text, name
+
+
+def test_tinyserve_dispatches_to_each_modules_own_parser(capsys):
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train"])  # what to train is required
+    assert exit_info.value.code == 2 and "gpt, esperberto, tokenizer" in capsys.readouterr().err
+    for argv, prog in ((["train", "esperberto", "--help"], "python -m training esperberto"),
+                       (["kurtosis", "--help"], "python -m training kurtosis"),
+                       (["serve", "--help"], "python -m server")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0 and f"usage: {prog}" in capsys.readouterr().out, argv

@@ -1,0 +1,40 @@
+"""`tinyserve`: one command for the product's jobs, each handled by its own module's parser.
+
+tinyserve serve [--port 9000 ...]            python -m server
+tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
+tinyserve eval|complete|kurtosis|experiments  python -m training eval|complete|kurtosis|experiments
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+TRAIN = ("gpt", "esperberto", "tokenizer")
+TRAINING_TOOLS = ("eval", "complete", "kurtosis", "experiments")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="tinyserve", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("serve", help="serve the model store over HTTP (options: tinyserve serve --help)", add_help=False)
+    train = sub.add_parser("train", help="train a model: gpt, esperberto or a tokenizer", add_help=False)
+    train.add_argument("what", choices=TRAIN, nargs="?")
+    for name in TRAINING_TOOLS:
+        sub.add_parser(name, help=f"python -m training {name} (options: tinyserve {name} --help)", add_help=False)
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "serve":
+        from server.__main__ import main as serve
+
+        return serve(rest)
+    from training.__main__ import main as training
+
+    if args.command == "train":
+        if args.what is None:
+            train.error(f"say what to train: {', '.join(TRAIN)}")
+        return training([args.what, *rest])
+    return training([args.command, *rest])
+
+
+if __name__ == "__main__":
+    main()
