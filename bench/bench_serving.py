@@ -174,13 +174,14 @@ def mlm_checkpoint() -> tuple[Path, str]:
         if info.ok and info.architecture == "mlm":
             return info.path, info.id
     from model_store.store import write_manifest
+    from training import SHARED_DATA
     from training.esperberto import build_model, make_config, save_model
     from training.esperberto.data import read_corpus, train_roberta_tokenizer
 
     scratch = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, scratch, True)  # no checkpoint left behind per run
     folder = Path(scratch) / "esperberto-rotary-small-random"
-    lines = read_corpus(str(REPO.parent / "shared" / "data" / "esperanto"))[:20000]
+    lines = read_corpus(str(SHARED_DATA / "esperanto"))[:20000]
     tok = train_roberta_tokenizer(lines, 8192)
     save_model(build_model(make_config("rotary-small", "softmax0", vocab_size=len(tok))), folder)
     tok.save_pretrained(folder)

@@ -12,6 +12,7 @@ from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, r
 from server.config import Settings
 from server.engine import GenerationEngine
 from server.sampling import SamplingParams
+from training.device import resolve_device
 
 log = logging.getLogger("tinyserve")
 
@@ -32,12 +33,6 @@ class ServedModel:
     variant: str = "softmax"  # attention normaliser
     card: str = ""
     settings: dict | None = None  # the attention variant's settings (GPT: score, sharing, masking, positions...)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

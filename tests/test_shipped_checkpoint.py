@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES
+from training import SHARED_DATA
 from training.tokenizer import eos_id
 from training.variants import variant_overrides
 
 SHIPPED = STORE_ROOT / "gpt-wikitext2"
-WIKITEXT_TRAIN = REPO.parent / "shared" / "data" / "wikitext-2-raw" / "train.txt"
+WIKITEXT_TRAIN = SHARED_DATA / "wikitext-2-raw" / "train.txt"
 
 
 def unigram_ppl(tokenizer, paragraph_ids: list[int]) -> tuple[float, str]:

@@ -1,0 +1,6 @@
+"""Builds the checkpoints: the from-scratch GPT, EsperBERTo, their tokenizers, data and reports."""
+
+from pathlib import Path
+
+# the corpora (../shared/data next to the repository; see its README for sources and licenses)
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+from training import SHARED_DATA
+
 DEFAULT_DATA = str(SHARED_DATA / "wikitext-2-raw")
 
 

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from tokenizers import Tokenizer
 
 from model_store.store import load_gpt  # the store owns the checkpoint format
+from training import SHARED_DATA
 from training.data import encode_documents, read_split, split_documents
 from training.evaluate import corpus_perplexity, sentence_scores
 from training.model import GPT, GPTConfig, KVCache
@@ -34,7 +35,6 @@ from training.tokenizer import eos_id
 from training.trainer import TrainConfig, train
 from training.variants import DESCRIPTIONS, VARIANTS, variant_overrides
 
-SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 CORPORA = {
     "wikitext2": {"source": SHARED_DATA / "wikitext-2-raw", "doc_mode": "wikitext"},
     "tinystories": {"source": SHARED_DATA / "tinystories" / "tinystories_valid_sample.txt", "doc_mode": "paragraph"},
