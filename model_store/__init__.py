@@ -14,7 +14,8 @@ from model_store.store import (
     validate,
     write_checkpoint,
 )
-from training.model import GPT, GPTConfig, KVCache
+from training.kv_cache import KVCache
+from training.model import GPT, GPTConfig
 
 __all__ = [
     "GPT",

@@ -10,7 +10,8 @@ from model_store.store import load_gpt, write_checkpoint
 from server.engine import GenerationEngine
 from server.sampling import SamplingParams
 from tests.conftest import tiny_gpt
-from training.model import AdditiveScore, KVCache, rope
+from training.kv_cache import KVCache
+from training.model import AdditiveScore, rope
 from training.tokenizer import eos_id
 from training.variants import VARIANTS
 

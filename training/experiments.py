@@ -30,7 +30,8 @@ from model_store.store import load_gpt  # the store owns the checkpoint format
 from training import SHARED_DATA
 from training.data import encode_documents, read_split, split_documents
 from training.evaluate import corpus_perplexity, sentence_scores
-from training.model import GPT, GPTConfig, KVCache
+from training.kv_cache import KVCache
+from training.model import GPT, GPTConfig
 from training.tokenizer import eos_id
 from training.trainer import TrainConfig, train
 from training.variants import DESCRIPTIONS, VARIANTS, variant_overrides
