@@ -214,6 +214,18 @@ def test_openai_client_completions(client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_openai_client_lists_and_retrieves_completion_models(client):
+    from openai import NotFoundError, OpenAI
+
+    oai = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
+    listed = oai.models.list().data
+    gpts = [m["id"] for m in client.get("/models").json()["data"] if m["kind"] == "gpt"]
+    assert [m.id for m in listed] == gpts and all(m.object == "model" and m.created > 0 for m in listed)
+    assert oai.models.retrieve("tiny-gpt").id == "tiny-gpt"
+    with pytest.raises(NotFoundError):
+        oai.models.retrieve("tiny-mlm-softmax0")  # not a completion model
+
+
 def test_openai_validation(client):
     r = client.post("/v1/completions", json={"model": "tiny-gpt", "prompt": "x", "temperature": 3})
     assert r.status_code == 422 and r.json()["field"] == "temperature"

@@ -1,4 +1,4 @@
-"""POST /v1/completions (OpenAI format; `stream: true` gives SSE chunks and `data: [DONE]`)."""
+"""POST /v1/completions (OpenAI format; `stream: true` gives SSE chunks and `data: [DONE]`), GET /v1/models."""
 
 from __future__ import annotations
 
@@ -12,11 +12,28 @@ from server.dependencies import AppSettings, Registry, find_model
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, error_body
 from server.generation import check_logit_bias, encode_prompt, events, sampling_params, sse_response
-from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Usage
+from server.registry import ServedModel
+from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
 
 router = APIRouter(tags=["completion (OpenAI format)"])
 
 OPENAI_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+
+
+def openai_model(m: ServedModel) -> Model:
+    return Model(id=m.id, created=int((m.folder / "config.json").stat().st_mtime))
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(registry: Registry) -> ModelList:
+    """The completion models, as OpenAI's `models.list()` expects (GET /models lists every model)."""
+    return ModelList(data=[openai_model(m) for m in registry.models.values() if m.kind == "gpt"])
+
+
+@router.get("/v1/models/{model_id}", response_model=Model)
+async def get_model(model_id: str, registry: Registry) -> Model:
+    """One completion model, as OpenAI's `models.retrieve()` expects."""
+    return openai_model(find_model(registry, model_id, "gpt", "model_id"))
 
 
 @router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)

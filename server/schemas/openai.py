@@ -80,3 +80,15 @@ class Completion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage | None = None
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="When the checkpoint was written (Unix time).")
+    owned_by: str = "tinyserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
