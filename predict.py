@@ -20,7 +20,7 @@ from server.errors import APIError
 from server.generation import NEVER, encode_prompt
 from server.inspection import attention, attention_png, fill_mask
 from server.registry import ModelRegistry, UnknownModelError
-from server.sampling import SamplingParams
+from training.sampling import SamplingParams
 
 AUTO = "auto"
 # the store's folders (validating, i.e. hashing, every checkpoint is setup()'s job, not the import's)

@@ -23,7 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from model_store import GPT, KVCache
-from server.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
+from training.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
 
 
 @dataclass

@@ -11,7 +11,7 @@ from server.config import Settings
 from server.engine import Event, FinishEvent, QueueFullError
 from server.errors import APIError
 from server.registry import ServedModel
-from server.sampling import SamplingParams
+from training.sampling import SamplingParams
 
 NEVER = -1e9  # JSON has no -inf: a bias at or below this means "never stop"
 RETRY_AFTER_S = "1"

@@ -11,8 +11,8 @@ import torch
 from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
 from server.config import Settings
 from server.engine import GenerationEngine
-from server.sampling import SamplingParams
 from training.device import resolve_device
+from training.sampling import SamplingParams
 
 log = logging.getLogger("tinyserve")
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from server.engine import FinishEvent, GenerationEngine, QueueFullError
-from server.sampling import SamplingParams
 from tests.conftest import tiny_gpt
+from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 
 
@@ -222,3 +222,27 @@ def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokeni
         eng.stop()
         assert got == expected
         assert eng.stats.prefill_passes == passes, budget
+
+
+def test_model_generate_equals_the_engine_for_the_same_seed(engine):
+    """`python -m training complete` (GPT.generate) and the server share one sampler: same tokens."""
+    import torch
+
+    ids = prompt(engine)
+    for params in (
+        SamplingParams(max_new_tokens=20, temperature=0.9, top_k=30, top_p=0.9, seed=5, eos_bias=-2.0),
+        SamplingParams(max_new_tokens=20, temperature=1.3, repetition_penalty=1.3, seed=11),
+        SamplingParams(max_new_tokens=20, temperature=0),
+    ):
+        served = [e.id for e in engine.generate(ids, params)[0] if e.id != engine.eos_id]
+        alone = engine.model.generate(torch.tensor([ids]), params)[0].tolist()
+        assert alone == served, params
+    assert (
+        len(
+            {
+                tuple(engine.model.generate(torch.tensor([ids]), SamplingParams(20, seed=s))[0].tolist())
+                for s in range(4)
+            }
+        )
+        > 1
+    )  # fmt: skip  (the seed matters)

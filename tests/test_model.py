@@ -1,10 +1,12 @@
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from tests.conftest import tiny_config, tiny_gpt
 from training.model import GPTConfig
+from training.sampling import SamplingParams
 
 SOFTMAXES = ["softmax", "softmax1"]
 
@@ -80,12 +82,13 @@ def test_config_rejects_bad_values():
 def test_generate_greedy_is_deterministic_and_stops_at_eos():
     model = tiny_gpt()
     prompt = torch.randint(1, 97, (1, 5))
-    a = model.generate(prompt, 10, temperature=0)
-    b = model.generate(prompt, 10, temperature=0)
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    a = model.generate(prompt, greedy)
+    b = model.generate(prompt, greedy)
     assert torch.equal(a, b) and a.shape[1] <= 10
-    never_stop = model.generate(prompt, 10, temperature=0, eos_bias=float("-inf"))
+    never_stop = model.generate(prompt, replace(greedy, eos_bias=float("-inf")))
     assert never_stop.shape[1] == 10 and (never_stop != 0).all()
-    always_stop = model.generate(prompt, 10, temperature=0, eos_bias=1e9)
+    always_stop = model.generate(prompt, replace(greedy, eos_bias=1e9))
     assert always_stop.shape[1] == 0
 
 

@@ -1,6 +1,6 @@
 import torch
 
-from server.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
+from training.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
 
 
 def test_stop_matcher_holds_back_possible_prefixes_and_cuts_at_the_stop():

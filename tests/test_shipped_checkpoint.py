@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
 from tests.conftest import FIXTURES
 from training import SHARED_DATA
+from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.variants import variant_overrides
 
@@ -48,7 +49,7 @@ def test_shipped_checkpoint_beats_unigram_and_completes_fluently():
     assert model_ppl < baseline / 3, f"model ppl {model_ppl:.1f} vs unigram ({source}) {baseline:.1f}"
 
     prompt = " The church was built in the"
-    out = model.generate(torch.tensor([tok.encode(prompt).ids]), max_new_tokens=30, temperature=0)
+    out = model.generate(torch.tensor([tok.encode(prompt).ids]), SamplingParams(max_new_tokens=30, temperature=0))
     text = tok.decode(out[0].tolist())
     words = text.split()
     assert len(words) >= 5, text
@@ -69,5 +70,6 @@ def test_shipped_attention_variants_restore_their_settings_and_generate():
         model, tok = load_gpt(folder)
         settings = variant_overrides(folder.name.removeprefix("gpt-wikitext2-"))
         assert {k: getattr(model.config, k) for k in settings} == settings, folder.name
-        out = model.generate(torch.tensor([tok.encode(" The church was built in the").ids]), 12, temperature=0)
+        prompt = torch.tensor([tok.encode(" The church was built in the").ids])
+        out = model.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
         assert out.shape[1] > 0, folder.name

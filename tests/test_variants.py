@@ -8,10 +8,10 @@ import torch
 
 from model_store.store import load_gpt, write_checkpoint
 from server.engine import GenerationEngine
-from server.sampling import SamplingParams
 from tests.conftest import tiny_gpt
 from training.kv_cache import KVCache
 from training.model import AdditiveScore, rope
+from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.variants import VARIANTS
 

@@ -118,6 +118,8 @@ def add_complete_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=60, help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set reaching p")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
     p.add_argument(
         "--eos-bias", type=float, default=0.0, help="added to the end-of-text logit (negative = longer outputs)"
     )
@@ -277,9 +279,19 @@ def run_complete(args) -> None:
     from model_store import load_gpt
 
     model, tok = load_gpt(Path(args.checkpoint))
+    from training.sampling import SamplingParams
+
     ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
-    gen = torch.Generator().manual_seed(args.seed)
-    out = model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.eos_bias, generator=gen)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        eos_bias=args.eos_bias,
+        seed=args.seed,
+    )
+    out = model.generate(ids, params)
     print(args.prompt + tok.decode(out[0].tolist()))
 
 

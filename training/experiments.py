@@ -32,6 +32,7 @@ from training.data import encode_documents, read_split, split_documents
 from training.evaluate import corpus_perplexity, sentence_scores
 from training.kv_cache import KVCache
 from training.model import GPT, GPTConfig
+from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.trainer import TrainConfig, train
 from training.variants import DESCRIPTIONS, VARIANTS, variant_overrides
@@ -127,11 +128,11 @@ def full_pass_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
 
 @torch.no_grad()
 def samples(model: GPT, tokenizer: Tokenizer, prompts: list[str], n_new: int = 30) -> list[str]:
-    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_new_tokens=n_new, temperature=0.7, top_k=40, seed=0)
     out = []
     for p in prompts:
         ids = torch.tensor([tokenizer.encode(p, add_special_tokens=False).ids])
-        new = model.generate(ids, n_new, temperature=0.7, top_k=40, generator=gen)
+        new = model.generate(ids, params)
         out.append(p + tokenizer.decode(new[0].tolist()))
     return out
 

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training.kv_cache import KVCache
+from training.sampling import SamplingParams, choose_token, process_logits
 from training.softmax import get_softmax
 
 
@@ -434,37 +435,25 @@ class GPT(nn.Module):
         return mask
 
     @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,  # (1, T) prompt
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        eos_bias: float = 0.0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Minimal sampler (greedy at temperature 0) with a KV cache and an additive EOS logit bias.
+    def generate(self, idx: torch.Tensor, params: SamplingParams) -> torch.Tensor:  # (1, T) -> (1, N)
+        """Sample one continuation with the serving engine's sampler (training/sampling.py).
 
-        The prompt is cut to the last context_length tokens; generation stops at the context limit or
-        at the end-of-text token. The serving engine has the full-featured sampler.
+        Same prompt, params and seed give the same tokens as the server. The prompt is cut to the last
+        context_length tokens; generation stops at the context limit or at the end-of-text token.
+        Stop sequences are matched on text, which is the detokenizer's job: the server's, not this.
         """
         idx = idx[:, -self.config.context_length :]
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        seen = idx[0].tolist()
         cache = KVCache(self.config.n_layer)
-        logits = self(idx, kv_cache=cache).logits[:, -1]
-        out = []
-        for _ in range(min(max_new_tokens, self.config.context_length - idx.shape[1])):
-            logits = logits.float()
-            logits[:, self.config.eos_token_id] += eos_bias
-            if temperature == 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)
-            if nxt.item() == self.config.eos_token_id:
+        logits = self(idx, kv_cache=cache).logits[0, -1]  # (V,)
+        out: list[int] = []
+        for _ in range(min(params.max_new_tokens, self.config.context_length - idx.shape[1])):
+            processed = process_logits(logits.float(), params, seen, len(out), self.config.eos_token_id)
+            token = choose_token(processed, params, generator)
+            if token == self.config.eos_token_id:
                 break
-            out.append(nxt)
-            logits = self(nxt, kv_cache=cache).logits[:, -1]
-        return torch.cat(out, dim=1) if out else idx.new_zeros((1, 0))
+            out.append(token)
+            seen.append(token)
+            logits = self(idx.new_tensor([[token]]), kv_cache=cache).logits[0, -1]
+        return idx.new_tensor([out])

@@ -1,5 +1,8 @@
 """Per-request sampling: the logits pipeline, EOS downweighting, and stop sequences on text.
 
+One sampler for the serving engine and `GPT.generate` (so `python -m training complete` and the
+server give the same tokens for the same prompt, parameters and seed).
+
 Order of operations on a row of next-token logits (as in transformers' generate):
 repetition penalty -> logit bias -> EOS bias (constant, or relaxing with length) -> min_new_tokens ->
 temperature -> top-k -> top-p -> sample (greedy at temperature 0).
