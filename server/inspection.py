@@ -18,7 +18,6 @@ from server.errors import APIError
 from server.registry import ServedModel
 from training.esperberto.fill_mask import fill_mask as esperberto_fill_mask
 from training.esperberto.fill_mask import target_ids
-from training.esperberto.model import max_tokens
 
 MAX_MASKS = 20
 MAX_PNG_PANELS = 96
@@ -26,7 +25,7 @@ MAX_PNG_PANELS = 96
 
 def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
     ids = m.tokenizer.encode(text, add_special_tokens=False).ids
-    limit = m.model.config.context_length
+    limit = m.context_length
     if not ids:
         raise APIError(422, f"{field}: text must not be empty", field)
     if len(ids) > limit:
@@ -36,7 +35,7 @@ def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
 
 def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tensor]:
     enc = m.tokenizer(text, return_tensors="pt")
-    limit = max_tokens(m.model.config)
+    limit = m.context_length
     if enc["input_ids"].shape[1] > limit:
         raise APIError(
             422, f"{field}: text is {enc['input_ids'].shape[1]} tokens; model {m.id} takes at most {limit}", field
@@ -70,21 +69,19 @@ def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[i
         ids = gpt_ids(m, text, "text")
         out = m.model(torch.tensor([ids], device=next(m.model.parameters()).device), return_attention=True)
         weights, tokens = out.attentions, [m.tokenizer.decode([i]) for i in ids]
-        n_layer, n_head = m.model.config.n_layer, m.model.config.n_attention_heads
     else:
         enc = mlm_encoding(m, text, "text").to(next(m.model.parameters()).device)
         weights = m.model(**enc, output_attentions=True).attentions
         tokens = [m.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
-        n_layer, n_head = m.model.config.num_hidden_layers, m.model.config.num_attention_heads
-    layers = list(range(n_layer)) if layers is None else layers
-    heads = list(range(n_head)) if heads is None else heads
-    for name, sel, n in (("layers", layers, n_layer), ("heads", heads, n_head)):
+    layers = list(range(m.layers)) if layers is None else layers
+    heads = list(range(m.heads)) if heads is None else heads
+    for name, sel, n in (("layers", layers, m.layers), ("heads", heads, m.heads)):
         if any(not 0 <= i < n for i in sel):
             raise APIError(422, f"{name}: indices must be in [0, {n}) for model {m.id}", name)
     w = torch.stack([weights[i][0, heads].float().cpu() for i in layers])  # (L, H, T, T)
     return {
         "model": m.id,
-        "attention_variant": m.variant,
+        "attention_variant": m.normaliser,
         "tokens": tokens,
         "layers": layers,
         "heads": heads,

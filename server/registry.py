@@ -12,6 +12,7 @@ from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, r
 from server.config import Settings
 from server.engine import GenerationEngine
 from training.device import resolve_device
+from training.esperberto.model import max_tokens
 from training.sampling import SamplingParams
 
 log = logging.getLogger("tinyserve")
@@ -21,18 +22,23 @@ class UnknownModelError(LookupError):
     """No servable model by that id (the HTTP layer answers 404)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServedModel:
+    """A loaded model as every route sees it, whatever its family; shape figures are read at load."""
+
     id: str
     kind: str  # "gpt" (completion, score, attention) or "mlm" (fill-mask, attention)
     model: torch.nn.Module
     tokenizer: object  # tokenizers.Tokenizer for gpt, a transformers tokenizer for mlm
     folder: Path
-    config: dict
-    engine: GenerationEngine | None = None
-    variant: str = "softmax"  # attention normaliser
+    config: dict  # the checkpoint's config.json as loaded
+    normaliser: str  # attention normaliser: softmax / softmax1 (GPT), softmax0 / softmax1 (EsperBERTo)
+    attention_settings: dict  # what the demo page and /models show of the attention (score, positions, heads...)
+    layers: int
+    heads: int  # every attention head, relational ones included
+    context_length: int  # longest input in tokens, special tokens included
     card: str = ""
-    settings: dict | None = None  # the attention variant's settings (GPT: score, sharing, masking, positions...)
+    engine: GenerationEngine | None = None  # completion models only
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -81,26 +87,45 @@ class ModelRegistry:
             engine = GenerationEngine(
                 model, tok, model.config.eos_token_id, s.max_batch_size, s.max_queue, s.max_prefill_tokens
             )
+            c = model.config
             return ServedModel(
-                model_id,
-                "gpt",
-                model,
-                tok,
-                folder,
-                model.config.to_dict(),
-                engine,
-                model.config.softmax,
-                card,
-                model.config.variant(),
+                id=model_id,
+                kind="gpt",
+                model=model,
+                tokenizer=tok,
+                folder=folder,
+                config=c.to_dict(),
+                normaliser=c.softmax,
+                attention_settings=c.variant(),
+                layers=c.n_layer,
+                heads=c.n_attention_heads,
+                context_length=c.context_length,
+                card=card,
+                engine=engine,
             )
         if arch == "mlm":
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")
             if variant == "softmax0":
                 model.set_attn_implementation("eager")  # returns attention weights (for /attention)
-            settings = {"softmax": variant, "n_head": model.config.num_attention_heads}
+            c = model.config
             return ServedModel(
-                model_id, "mlm", model, tok, folder, model.config.to_dict(), None, variant, card, settings
+                id=model_id,
+                kind="mlm",
+                model=model,
+                tokenizer=tok,
+                folder=folder,
+                config=c.to_dict(),
+                normaliser=variant,
+                attention_settings={
+                    "softmax": variant,
+                    "n_head": c.num_attention_heads,
+                    "architecture": type(model).__name__,
+                },
+                layers=c.num_hidden_layers,
+                heads=c.num_attention_heads,
+                context_length=max_tokens(c),
+                card=card,
             )
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 

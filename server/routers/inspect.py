@@ -53,11 +53,11 @@ def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
         models = [find_model(registry, body.model, "mlm", "model")]
     else:
         wanted = ["softmax0", "softmax1"] if body.variant == "both" else [body.variant]
-        models = [m for m in registry.models.values() if m.kind == "mlm" and m.variant in wanted]
-        missing = set(wanted) - {m.variant for m in models}
+        models = [m for m in registry.models.values() if m.kind == "mlm" and m.normaliser in wanted]
+        missing = set(wanted) - {m.normaliser for m in models}
         if missing:
             raise APIError(
                 404, f"variant: no {' or '.join(sorted(missing))} fill-mask model is served", "variant", "not_found"
             )
-        models = [next(m for m in models if m.variant == v) for v in wanted]  # one per variant, in order
+        models = [next(m for m in models if m.normaliser == v) for v in wanted]  # one per variant, in order
     return {"results": {m.id: inspection.fill_mask(m, body.inputs, body.top_k, body.targets) for m in models}}

@@ -17,17 +17,16 @@ TASKS = {"gpt": ["generate", "completions", "score", "attention"], "mlm": ["fill
 
 
 def summary(m: ServedModel) -> ModelSummary:
-    c = m.config
     return ModelSummary(
         id=m.id,
         kind=m.kind,
         tasks=TASKS[m.kind],
-        attention=m.variant,
-        attention_settings=m.settings or {},
+        attention=m.normaliser,
+        attention_settings=m.attention_settings,
         parameters=sum(p.numel() for p in m.model.parameters()),
-        layers=c.get("n_layer") or c.get("num_hidden_layers"),
-        heads=c.get("num_attention_heads") or c.get("n_head", 0) + c.get("n_relational_head", 0),
-        context_length=c.get("context_length") or c.get("max_position_embeddings"),
+        layers=m.layers,
+        heads=m.heads,
+        context_length=m.context_length,
     )
 
 
