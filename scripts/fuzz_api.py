@@ -72,7 +72,9 @@ def main() -> None:
     p.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-time", type=int, default=1200, help="time budget in seconds")
-    p.add_argument("--workers", type=int, default=2, help="concurrent schemathesis workers")
+    p.add_argument(
+        "--workers", type=int, default=1, help="schemathesis workers (> 1 can crash the fuzzer on Python 3.11)"
+    )
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args()
     result = fuzz(args.store, args.max_examples, args.seed, args.max_time, args.workers)
