@@ -26,12 +26,26 @@ from model_store import GPT, KVCache
 from training.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
 
 
-@dataclass
+@dataclass(frozen=True)
+class Alternative:
+    """A likely token at a step, with its text: routers report it without a tokenizer."""
+
+    id: int
+    text: str
+    logprob: float
+    special: bool  # the end-of-text token
+
+
+@dataclass(frozen=True)
 class TokenEvent:
+    """One generated token; immutable once emitted (every consumer sees the same event)."""
+
     id: int
     text: str  # text released by this token ('' while a stop sequence or a UTF-8 character is pending)
+    token_text: str = ""  # the token's own text, decoded alone (when logprobs were asked for)
+    special: bool = False  # the end-of-text token
     logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    top_logprobs: tuple[Alternative, ...] = ()
     last: bool = False  # the generation ends with this token (a FinishEvent follows at once)
 
 
@@ -290,16 +304,19 @@ class GenerationEngine:
         logits = process_logits(row.logits, p, row.seen, n, self.eos_id)
         token = choose_token(logits, p, row.generator)
         logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
+        alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in top)
+        token_text = self.tokenizer.decode([token]) if p.logprobs else ""
         self.stats.tokens_generated += 1
         if token == self.eos_id:
-            self._emit(req, TokenEvent(token, "", logprob, top, last=True))
+            self._emit(req, TokenEvent(token, "", token_text, True, logprob, alternatives, last=True))
             self._finish(row, "eos_token")
             return False
         row.generated.append(token)
         row.seen.append(token)
         released, stopped = row.stop.feed(self._new_text(row))
         at_length = len(row.generated) >= row.max_new
-        self._emit(req, TokenEvent(token, released, logprob, top, last=stopped or at_length))
+        last = stopped or at_length
+        self._emit(req, TokenEvent(token, released, token_text, False, logprob, alternatives, last=last))
         if stopped or at_length:
             self._finish(row, "stop_sequence" if stopped else "length")
             return False

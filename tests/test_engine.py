@@ -246,3 +246,17 @@ def test_model_generate_equals_the_engine_for_the_same_seed(engine):
         )
         > 1
     )  # fmt: skip  (the seed matters)
+
+
+def test_events_carry_the_text_of_tokens_and_alternatives_and_are_immutable(engine):
+    import dataclasses
+
+    params = SamplingParams(max_new_tokens=6, temperature=0, logprobs=True, top_logprobs=3, eos_bias=float("-inf"))
+    tokens, _ = engine.generate(prompt(engine), params)
+    decode = engine.tokenizer.decode
+    for t in tokens:
+        assert t.token_text == decode([t.id]) and not t.special
+        assert [a.text for a in t.top_logprobs] == [decode([a.id]) for a in t.top_logprobs]
+        assert [a.special for a in t.top_logprobs] == [a.id == engine.eos_id for a in t.top_logprobs]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tokens[0].text = "changed"

@@ -60,12 +60,12 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
             return None
         out = Logprobs(top_logprobs=[] if body.logprobs else None)
         for t in tokens:
-            out.tokens.append(m.tokenizer.decode([t.id]))
+            out.tokens.append(t.token_text)
             out.token_logprobs.append(t.logprob)
             out.text_offset.append(offset)
             offset += len(t.text)
             if body.logprobs:
-                out.top_logprobs.append({m.tokenizer.decode([i]): lp for i, lp in t.top_logprobs})
+                out.top_logprobs.append({a.text: a.logprob for a in t.top_logprobs})
         return out
 
     if not body.stream:

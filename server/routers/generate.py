@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
@@ -43,15 +44,12 @@ def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings):
     return m, ids, params
 
 
-def tgi_token(m, e: TokenEvent) -> Token:
-    return Token(id=e.id, text=e.text, logprob=e.logprob, special=e.id == m.model.config.eos_token_id)
+def tgi_token(e: TokenEvent) -> Token:
+    return Token(id=e.id, text=e.text, logprob=e.logprob, special=e.special)
 
 
-def top_tokens(m, e: TokenEvent) -> list[Token]:
-    return [
-        Token(id=t, text=m.tokenizer.decode([t]), logprob=lp, special=t == m.model.config.eos_token_id)
-        for t, lp in e.top_logprobs
-    ]
+def top_tokens(e: TokenEvent) -> list[Token]:
+    return [Token(id=a.id, text=a.text, logprob=a.logprob, special=a.special) for a in e.top_logprobs]
 
 
 @router.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True)
@@ -65,8 +63,8 @@ async def generate(
     finish: FinishEvent | None = None
     async for e in events(m, ids, params, settings, request.is_disconnected):
         if isinstance(e, TokenEvent):
-            tokens.append(tgi_token(m, e))
-            tops.append(top_tokens(m, e))
+            tokens.append(tgi_token(e))
+            tops.append(top_tokens(e))
         else:
             finish = e
     if finish is None:  # the client went away
@@ -97,20 +95,19 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
             async for e in events(m, ids, params, settings):
                 if isinstance(e, TokenEvent) and not e.last:
                     yield {
-                        "data": StreamResponse(token=tgi_token(m, e), top_tokens=top(e)).model_dump_json(
-                            exclude_none=True
-                        )
+                        "data": StreamResponse(token=tgi_token(e), top_tokens=top(e)).model_dump_json(exclude_none=True)
                     }
                 elif isinstance(e, TokenEvent):
                     last = e
                 else:
-                    final = last or TokenEvent(m.model.config.eos_token_id, "")
-                    final.text += e.tail
+                    # the held-back tail (a stop sequence's near miss, a partial character) rides on the last token
+                    final = last or TokenEvent(m.model.config.eos_token_id, "", special=True)
+                    final = replace(final, text=final.text + e.tail)
                     details = StreamDetails(
                         finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=body.parameters.seed
                     )
                     response = StreamResponse(
-                        token=tgi_token(m, final),
+                        token=tgi_token(final),
                         top_tokens=top(final),
                         generated_text=prefix + e.text,
                         details=details,
@@ -120,7 +117,7 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
             yield {"data": json.dumps(error_body(err.message, err.error_type, err.field))}
 
     def top(e: TokenEvent) -> list[Token] | None:
-        return top_tokens(m, e) if body.parameters.top_n_tokens else None
+        return top_tokens(e) if body.parameters.top_n_tokens else None
 
     return sse_response(stream(), settings)
 
