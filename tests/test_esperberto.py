@@ -272,3 +272,20 @@ def test_fill_mask_equals_the_transformers_pipeline(preset, mlm_tokenizer):
     targets = target_ids(mlm_tokenizer, ["castle", "12th"])
     restricted = fill_mask(model, mlm_tokenizer, mlm_tokenizer(text, return_tensors="pt")["input_ids"][0], 5, targets)
     assert all(len(row) == len(targets) and {c["token"] for c in row} == set(targets.tolist()) for row in restricted)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_softmax1_checkpoint_never_loads_silently_as_softmax(preset, tmp_path):
+    """Without `import training.esperberto` (which registers softmax1), loading must fail, not fall back."""
+    import subprocess
+    import sys
+
+    save_model(tiny("softmax1", preset=preset), tmp_path)
+    code = (
+        "import sys; from transformers import AutoModelForMaskedLM\n"
+        f"m = AutoModelForMaskedLM.from_pretrained({str(tmp_path)!r})\n"
+        "print(m.config._attn_implementation); sys.exit(3)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode not in (0, 3), out.stdout  # 3: it loaded, with some other attention
+    assert "softmax1" in out.stderr
