@@ -12,15 +12,16 @@ import base64
 from collections.abc import Iterator
 
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
+from pydantic import ValidationError
 
 from model_store import STORE_ROOT
 from server.config import Settings
 from server.engine import FinishEvent
 from server.errors import APIError
-from server.generation import NEVER, encode_prompt
 from server.inspection import attention, attention_png, fill_mask
-from server.registry import ModelRegistry, UnknownModelError
-from training.sampling import SamplingParams
+from server.registry import ModelRegistry
+from server.schemas.generation import GenerateParameters
+from server.service import fill_mask_models, find_model, prepare_completion, stream_sync
 
 AUTO = "auto"
 # the store's folders (validating, i.e. hashing, every checkpoint is setup()'s job, not the import's)
@@ -84,44 +85,42 @@ class Predictor(BasePredictor):
     ) -> ConcatenateIterator[str]:
         try:
             if task == "complete":
-                params = SamplingParams(
+                parameters = GenerateParameters(
+                    model=None if model == AUTO else model,
                     max_new_tokens=max_new_tokens,
-                    min_new_tokens=min_new_tokens,
-                    temperature=temperature,
+                    do_sample=temperature > 0,
+                    temperature=temperature or None,
                     top_k=top_k or None,
                     top_p=None if top_p >= 1.0 else top_p,
                     repetition_penalty=repetition_penalty,
                     stop=[s for s in stop.split("|") if s],
                     seed=None if seed < 0 else seed,
-                    eos_bias=float("-inf") if eos_bias <= NEVER else eos_bias,
+                    eos_bias=eos_bias,
                     eos_bias_decay=None if eos_bias_decay >= 1.0 else eos_bias_decay,
+                    min_new_tokens=min_new_tokens,
                 )
-                yield from self._complete(model, prompt, params)
+                yield from self._complete(parameters, prompt)
             elif task == "fill-mask":
                 yield from self._fill_mask(model, prompt, top_n)
             else:
                 yield self._attention(model, prompt, layer, head)
-        except (APIError, UnknownModelError) as e:
-            raise ValueError(getattr(e, "message", str(e))) from None  # cog reports it as the failure
+        except APIError as e:
+            raise ValueError(e.message) from None  # cog reports it as the failure
+        except ValidationError as e:  # the same request rules as the HTTP API
+            raise ValueError(
+                "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            ) from None
 
-    def _complete(self, model_id: str, prompt: str, params: SamplingParams) -> Iterator[str]:
-        m = self.registry.default("gpt") if model_id == AUTO else self.registry.get(model_id, "gpt")
-        ids = encode_prompt(m, prompt, self.settings, None, "prompt")
-        for event in m.engine.stream(ids, params, self.settings.request_timeout_s):
+    def _complete(self, parameters: GenerateParameters, prompt: str) -> Iterator[str]:
+        params = parameters.to_sampling_params(self.settings)
+        job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
+        for event in stream_sync(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:
                 yield text
-            if isinstance(event, FinishEvent) and event.reason not in ("length", "eos_token", "stop_sequence"):
-                raise ValueError(f"generation ended: {event.reason} {event.message}".strip())
 
     def _fill_mask(self, model_id: str, prompt: str, top_n: int) -> Iterator[str]:
-        if model_id == AUTO:
-            models = [m for m in self.registry.models.values() if m.kind == "mlm"]
-        else:
-            models = [self.registry.get(model_id, "mlm")]
-        if not models:
-            raise ValueError("model: no fill-mask model is served")
-        for m in models:
+        for m in fill_mask_models(self.registry, None if model_id == AUTO else model_id, "both"):
             result = fill_mask(m, prompt.replace("[MASK]", m.tokenizer.mask_token), top_n, None)
             per_mask = result if isinstance(result[0], list) else [result]
             yield f"{m.id} ({m.normaliser})\n"
@@ -130,6 +129,8 @@ class Predictor(BasePredictor):
                 yield f"  mask {i}: {row}\n"
 
     def _attention(self, model_id: str, prompt: str, layer: int, head: int) -> str:
-        m = self.registry.default("gpt") if model_id == AUTO else self.registry.get(model_id)
+        m = find_model(
+            self.registry, None if model_id == AUTO else model_id, "gpt" if model_id == AUTO else None, "model"
+        )
         result = attention(m, prompt, None if layer < 0 else [layer], None if head < 0 else [head])
         return "data:image/png;base64," + base64.b64encode(attention_png(result)).decode()

@@ -7,8 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.config import Settings
-from server.errors import APIError
-from server.registry import ModelRegistry, ServedModel, UnknownModelError
+from server.registry import ModelRegistry
 
 
 def get_registry(request: Request) -> ModelRegistry:
@@ -21,11 +20,3 @@ def get_settings(request: Request) -> Settings:
 
 Registry = Annotated[ModelRegistry, Depends(get_registry)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
-
-
-def find_model(registry: ModelRegistry, model_id: str | None, kind: str, field: str) -> ServedModel:
-    """The requested model, or the default one of that kind; unknown ids are 404s naming the field."""
-    try:
-        return registry.get(model_id, kind) if model_id is not None else registry.default(kind)
-    except UnknownModelError as e:
-        raise APIError(404, f"{field}: {e}", field, "not_found") from None

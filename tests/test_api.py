@@ -334,7 +334,7 @@ def test_fill_mask_bad_input(client, body, field):
 
 def test_leaving_a_stream_cancels_generation(client):
     """The SSE layer's event iterator cancels its request when closed early (client disconnect)."""
-    from server.generation import events
+    from server.service import CompletionJob, events
     from training.sampling import SamplingParams
 
     app = client.app
@@ -342,7 +342,8 @@ def test_leaving_a_stream_cancels_generation(client):
     before = m.engine.stats.finished["cancelled"]
 
     async def read_two_then_leave():
-        stream = events(m, [5, 6, 7], SamplingParams(max_new_tokens=40, eos_bias=float("-inf")), app.state.settings)
+        job = CompletionJob(m, [5, 6, 7], SamplingParams(max_new_tokens=40, eos_bias=float("-inf")))
+        stream = events(job, app.state.settings)
         got = [await anext(stream), await anext(stream)]
         await stream.aclose()  # what Starlette does when the client goes away
         return got

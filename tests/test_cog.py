@@ -139,3 +139,18 @@ def test_cancel_stops_a_long_prediction(cog_server):
     # the single slot is free again
     r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "The", "max_new_tokens": 2}}, timeout=60)
     assert r.json()["status"] == "succeeded"
+
+
+def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_server, cog_store):
+    """One service layer: the predictor and POST /generate share parameters, model choice and sampler."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.config import Settings
+
+    inputs = {"max_new_tokens": 12, "temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 7, "eos_bias": -3.0}
+    cog = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "The castle", **inputs}}, timeout=60)
+    body = {"inputs": "The castle", "parameters": {"do_sample": True, **inputs}}
+    with TestClient(create_app(Settings(store=cog_store))) as c:
+        http_text = c.post("/generate", json=body).json()["generated_text"]
+    assert "".join(cog.json()["output"]) == http_text and http_text

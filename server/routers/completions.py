@@ -8,12 +8,13 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from server.dependencies import AppSettings, Registry, find_model
+from server.dependencies import AppSettings, Registry
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, error_body
-from server.generation import check_logit_bias, encode_prompt, events, sampling_params, sse_response
 from server.registry import ServedModel
+from server.routers.sse import sse_response
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
+from server.service import collect, events, find_model, prepare_completion
 
 router = APIRouter(tags=["completion (OpenAI format)"])
 
@@ -39,19 +40,8 @@ async def get_model(model_id: str, registry: Registry) -> Model:
 @router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)
 async def completions(body: CompletionRequest, request: Request, registry: Registry, settings: AppSettings):
     """Complete `prompt`; with `logprobs`, per-token logprobs and alternatives; with `stream`, SSE."""
-    m = find_model(registry, body.model, "gpt", "model")
-    check_logit_bias(m, body.logit_bias, "logit_bias")
-    ids = encode_prompt(m, body.prompt, settings, None, "prompt")
-    params = sampling_params(
-        body,
-        settings,
-        greedy=body.temperature == 0,
-        temperature=body.temperature,
-        max_new_tokens=body.max_tokens,
-        top_logprobs=body.logprobs or 0,
-        want_logprobs=body.logprobs is not None,
-    )
-    params.top_p = body.top_p if body.top_p < 1 and body.temperature > 0 else None
+    job = prepare_completion(registry, settings, body.model, body.prompt, body.to_sampling_params(settings))
+    m = job.model
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     prefix = body.prompt if body.echo else ""
 
@@ -69,14 +59,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         return out
 
     if not body.stream:
-        tokens, finish = [], None
-        async for e in events(m, ids, params, settings, request.is_disconnected):
-            if isinstance(e, TokenEvent):
-                tokens.append(e)
-            else:
-                finish = e
-        if finish is None:
-            raise APIError(499, "client disconnected", None, "cancelled")
+        tokens, finish = await collect(job, settings, request.is_disconnected)
         choice = Choice(
             text=prefix + finish.text,
             logprobs=logprobs_of(tokens, len(prefix)),
@@ -100,7 +83,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         try:
             if prefix:
                 yield chunk(prefix)
-            async for e in events(m, ids, params, settings):
+            async for e in events(job, settings):
                 if isinstance(e, TokenEvent):
                     yield chunk(e.text, lp=logprobs_of([e], offset))
                     offset += len(e.text)

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
 from server.config import Settings
-from server.dependencies import AppSettings, Registry, find_model
-from server.engine import FinishEvent, TokenEvent
+from server.dependencies import AppSettings, Registry
+from server.engine import TokenEvent
 from server.errors import APIError, error_body
-from server.generation import check_logit_bias, encode_prompt, events, sampling_params, sse_response
 from server.registry import ModelRegistry
+from server.routers.sse import sse_response
 from server.schemas.generation import (
     Details,
     GenerateRequest,
@@ -22,26 +22,16 @@ from server.schemas.generation import (
     StreamResponse,
     Token,
 )
+from server.service import CompletionJob, Fields, collect, events, prepare_completion
 
 router = APIRouter(tags=["completion (TGI format)"])
 
 
-def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings):
+def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings) -> CompletionJob:
     p = body.parameters
-    m = find_model(registry, p.model, "gpt", "parameters.model")
-    check_logit_bias(m, p.logit_bias, "parameters.logit_bias")
-    ids = encode_prompt(m, body.inputs, settings, p.truncate, "inputs")
-    want_logprobs = p.details or p.top_n_tokens is not None
-    params = sampling_params(
-        p,
-        settings,
-        greedy=not p.do_sample,
-        temperature=p.temperature,
-        max_new_tokens=p.max_new_tokens,
-        top_logprobs=p.top_n_tokens or 0,
-        want_logprobs=want_logprobs,
-    )
-    return m, ids, params
+    fields = Fields(model="parameters.model", prompt="inputs", logit_bias="parameters.logit_bias")
+    params = p.to_sampling_params(settings)
+    return prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields)
 
 
 def tgi_token(e: TokenEvent) -> Token:
@@ -57,18 +47,9 @@ async def generate(
     body: GenerateRequest, request: Request, registry: Registry, settings: AppSettings
 ) -> GenerateResponse:
     """Complete `inputs`; with `parameters.details`, also the finish reason and per-token logprobs."""
-    m, ids, params = prepare(body, registry, settings)
-    tokens: list[Token] = []
-    tops: list[list[Token]] = []
-    finish: FinishEvent | None = None
-    async for e in events(m, ids, params, settings, request.is_disconnected):
-        if isinstance(e, TokenEvent):
-            tokens.append(tgi_token(e))
-            tops.append(top_tokens(e))
-        else:
-            finish = e
-    if finish is None:  # the client went away
-        raise APIError(499, "client disconnected", None, "cancelled")
+    events, finish = await collect(prepare(body, registry, settings), settings, request.is_disconnected)
+    tokens = [tgi_token(e) for e in events]
+    tops = [top_tokens(e) for e in events]
     text = (body.inputs if body.parameters.return_full_text else "") + finish.text
     details = None
     if body.parameters.details:
@@ -86,13 +67,13 @@ async def generate(
 async def generate_stream(body: GenerateRequest, registry: Registry, settings: AppSettings) -> EventSourceResponse:
     """Server-sent events, one per token (`data: {"token": ...}`); the last carries generated_text and
     details. Errors after the stream started arrive as `data: {"error": ..., "error_type": ...}`."""
-    m, ids, params = prepare(body, registry, settings)
+    job = prepare(body, registry, settings)
     prefix = body.inputs if body.parameters.return_full_text else ""
 
     async def stream():
         last: TokenEvent | None = None  # the final token is sent together with the details, as TGI does
         try:
-            async for e in events(m, ids, params, settings):
+            async for e in events(job, settings):
                 if isinstance(e, TokenEvent) and not e.last:
                     yield {
                         "data": StreamResponse(token=tgi_token(e), top_tokens=top(e)).model_dump_json(exclude_none=True)
@@ -101,7 +82,7 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
                     last = e
                 else:
                     # the held-back tail (a stop sequence's near miss, a partial character) rides on the last token
-                    final = last or TokenEvent(m.model.config.eos_token_id, "", special=True)
+                    final = last or TokenEvent(job.model.model.config.eos_token_id, "", special=True)
                     final = replace(final, text=final.text + e.tail)
                     details = StreamDetails(
                         finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=body.parameters.seed

@@ -5,9 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from server import inspection
-from server.dependencies import Registry, find_model
-from server.errors import APIError
-from server.registry import UnknownModelError
+from server.dependencies import Registry
 from server.schemas.inspect import (
     AttentionRequest,
     AttentionResponse,
@@ -16,6 +14,7 @@ from server.schemas.inspect import (
     ScoreRequest,
     ScoreResponse,
 )
+from server.service import fill_mask_models, find_model
 
 router = APIRouter(tags=["inspection"])
 
@@ -33,10 +32,7 @@ PNG_RESPONSE = {200: {"content": {"image/png": {}}, "description": "JSON, or a P
 @router.post("/attention", response_model=AttentionResponse, responses=PNG_RESPONSE)
 def attention(body: AttentionRequest, registry: Registry):
     """Attention weights per layer and head for any served model, as JSON (bertviz shape) or a PNG grid."""
-    try:
-        m = registry.get(body.model)
-    except UnknownModelError as e:
-        raise APIError(404, f"model: {e}", "model", "not_found") from None
+    m = find_model(registry, body.model, None, "model")
     result = inspection.attention(m, body.text, body.layers, body.heads)
     if body.format == "png":
         return Response(inspection.attention_png(result), media_type="image/png")
@@ -49,15 +45,5 @@ def attention(body: AttentionRequest, registry: Registry):
 @router.post("/fill-mask", response_model=FillMaskResponse)
 def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
     """Fill <mask> tokens; `variant: both` answers with softmax0 and softmax1 side by side."""
-    if body.model is not None:
-        models = [find_model(registry, body.model, "mlm", "model")]
-    else:
-        wanted = ["softmax0", "softmax1"] if body.variant == "both" else [body.variant]
-        models = [m for m in registry.models.values() if m.kind == "mlm" and m.normaliser in wanted]
-        missing = set(wanted) - {m.normaliser for m in models}
-        if missing:
-            raise APIError(
-                404, f"variant: no {' or '.join(sorted(missing))} fill-mask model is served", "variant", "not_found"
-            )
-        models = [next(m for m in models if m.normaliser == v) for v in wanted]  # one per variant, in order
+    models = fill_mask_models(registry, body.model, body.variant)
     return {"results": {m.id: inspection.fill_mask(m, body.inputs, body.top_k, body.targets) for m in models}}

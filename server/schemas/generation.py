@@ -6,7 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, Strict, StringConstraints, field_validator
 
+from server.config import Settings
 from server.schemas.base import RequestModel, Text
+from training.sampling import SamplingParams
+
+NEVER = -1e9  # JSON has no -inf: an EOS bias at or below this means "never stop"
 
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
 StopSequence = Annotated[Text, StringConstraints(min_length=1, max_length=200)]
@@ -39,6 +43,16 @@ class EosControls(RequestModel):
         0, ge=0, le=100_000, description="The end-of-text token is impossible before this many tokens."
     )
 
+    def eos_params(self, settings: Settings) -> dict:
+        """The EOS fields of SamplingParams: the server's default bias when none is given, -1e9 = never."""
+        bias = settings.default_eos_bias if self.eos_bias is None else self.eos_bias
+        return dict(
+            eos_bias=float("-inf") if bias <= NEVER else bias,
+            eos_bias_decay=self.eos_bias_decay,
+            eos_bias_start=self.eos_bias_start,
+            min_new_tokens=self.min_new_tokens,
+        )
+
 
 class GenerateParameters(EosControls):
     model: str | None = Field(None, description="Model id from GET /models (default: the first completion model).")
@@ -63,6 +77,23 @@ class GenerateParameters(EosControls):
     watermark: bool = Field(False, description="Not supported: must be false.")
     best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
     typical_p: float | None = Field(None, description="Not supported: must be null.")
+
+    def to_sampling_params(self, settings: Settings) -> SamplingParams:
+        """TGI semantics: greedy unless do_sample; logprobs when details or top_n_tokens are asked for."""
+        greedy = not self.do_sample
+        return SamplingParams(
+            max_new_tokens=min(self.max_new_tokens, settings.max_new_tokens_cap),
+            temperature=0.0 if greedy else (self.temperature or 1.0),
+            top_k=None if greedy else self.top_k,
+            top_p=None if greedy else self.top_p,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            stop=list(self.stop),
+            seed=self.seed,
+            logit_bias=dict(self.logit_bias),
+            logprobs=self.details or self.top_n_tokens is not None,
+            top_logprobs=self.top_n_tokens or 0,
+            **self.eos_params(settings),
+        )
 
     @field_validator("watermark")
     @classmethod

@@ -6,8 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from server.config import Settings
 from server.schemas.base import Text
 from server.schemas.generation import EosControls, LogitBias, StopSequence
+from training.sampling import SamplingParams
 
 
 class CompletionRequest(EosControls):
@@ -32,6 +34,23 @@ class CompletionRequest(EosControls):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     user: str | None = None
     suffix: str | None = Field(None, max_length=0, description="Not supported.")
+
+    def to_sampling_params(self, settings: Settings) -> SamplingParams:
+        """OpenAI semantics: temperature 0 is greedy; top_p 1 is off; logprobs N asks for N alternatives."""
+        greedy = self.temperature == 0
+        return SamplingParams(
+            max_new_tokens=min(self.max_tokens, settings.max_new_tokens_cap),
+            temperature=self.temperature,
+            top_k=None if greedy else self.top_k,
+            top_p=None if greedy or self.top_p >= 1 else self.top_p,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            stop=list(self.stop),
+            seed=self.seed,
+            logit_bias=dict(self.logit_bias),
+            logprobs=self.logprobs is not None,
+            top_logprobs=self.logprobs or 0,
+            **self.eos_params(settings),
+        )
 
     @field_validator("prompt")
     @classmethod

@@ -1,0 +1,194 @@
+"""The one path from a request to the models, shared by the HTTP routers and the Cog predictor.
+
+Routers and predict.py are glue: they turn their inputs into these calls and the results into their
+wire formats. What decides something lives here once: which model serves a request, the prompt
+policy, when a finish is a failure, the 429 on a full queue, and the collect-or-499 loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from server.config import Settings
+from server.engine import Event, FinishEvent, QueueFullError, TokenEvent
+from server.errors import APIError
+from server.registry import ModelRegistry, ServedModel, UnknownModelError
+from training.sampling import SamplingParams
+
+RETRY_AFTER_S = "1"
+VARIANTS = {"softmax0": ["softmax0"], "softmax1": ["softmax1"], "both": ["softmax0", "softmax1"]}
+
+
+class Fields(NamedTuple):
+    """How a wire format names the request's fields, so that a 4xx names the one the client sent."""
+
+    model: str = "model"
+    prompt: str = "prompt"
+    logit_bias: str = "logit_bias"
+
+
+DEFAULT_FIELDS = Fields()
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    """A validated completion request: the model, the prompt's token ids and the sampling parameters."""
+
+    model: ServedModel
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+def find_model(registry: ModelRegistry, model_id: str | None, kind: str | None, field: str) -> ServedModel:
+    """The requested model, or the default one of that kind; unknown ids are 404s naming the field."""
+    try:
+        return registry.get(model_id, kind) if model_id is not None else registry.default(kind)
+    except UnknownModelError as e:
+        raise APIError(404, f"{field}: {e}", field, "not_found") from None
+
+
+def fill_mask_models(registry: ModelRegistry, model_id: str | None, variant: str) -> list[ServedModel]:
+    """The model asked for by id, else one served model per requested normaliser, in that order."""
+    if model_id is not None:
+        return [find_model(registry, model_id, "mlm", "model")]
+    wanted = VARIANTS[variant]
+    served = {m.normaliser: m for m in reversed(registry.models.values()) if m.kind == "mlm"}  # first wins
+    missing = [v for v in wanted if v not in served]
+    if missing:
+        raise APIError(404, f"variant: no {' or '.join(missing)} fill-mask model is served", "variant", "not_found")
+    return [served[v] for v in wanted]
+
+
+def prepare_completion(
+    registry: ModelRegistry,
+    settings: Settings,
+    model_id: str | None,
+    prompt: str,
+    params: SamplingParams,
+    truncate: int | None = None,
+    fields: Fields = DEFAULT_FIELDS,
+) -> CompletionJob:
+    m = find_model(registry, model_id, "gpt", fields.model)
+    check_logit_bias(m, params.logit_bias, fields.logit_bias)
+    return CompletionJob(m, encode_prompt(m, prompt, settings, truncate, fields.prompt), params)
+
+
+def encode_prompt(m: ServedModel, text: str, settings: Settings, truncate: int | None, field: str) -> list[int]:
+    """Prompt token ids; over-long prompts are refused unless truncation is asked for (or configured)."""
+    if len(text) > settings.max_prompt_chars:
+        raise APIError(
+            422,
+            f"{field}: prompt has {len(text)} characters; the limit is {settings.max_prompt_chars} "
+            "(refused, not truncated)",
+            field,
+        )
+    ids = m.tokenizer.encode(text, add_special_tokens=False).ids
+    if not ids:
+        raise APIError(422, f"{field}: prompt must not be empty", field)
+    if truncate:
+        ids = ids[-truncate:]
+    limit = m.context_length - 1  # room for one new token
+    if len(ids) > limit:
+        if not settings.truncate_prompt:
+            raise APIError(
+                422,
+                f"{field}: prompt is {len(ids)} tokens; model {m.id} takes at most {limit} "
+                "(refused; set parameters.truncate to keep the last tokens)",
+                field,
+            )
+        ids = ids[-limit:]
+    return ids
+
+
+def check_logit_bias(m: ServedModel, bias: dict[int, float], field: str) -> None:
+    vocab = m.model.config.vocab_size
+    bad = [t for t in bias if not 0 <= t < vocab]
+    if bad:
+        raise APIError(422, f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab})", field)
+
+
+async def events(
+    job: CompletionJob, settings: Settings, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+) -> AsyncIterator[Event]:
+    """Run one request on the model's engine and yield its events.
+
+    Leaving the iteration early (client gone, stream closed) cancels the request at the next decode
+    step, so its batch slot is freed.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+    try:
+        req = job.model.engine.submit(
+            job.prompt_ids,
+            job.params,
+            lambda e: loop.call_soon_threadsafe(queue.put_nowait, e),
+            settings.request_timeout_s,
+        )
+    except QueueFullError as e:
+        raise busy(e) from None
+    try:
+        while True:
+            if queue.empty():  # wait_for costs a task per call: only pay it when there is nothing to read
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except TimeoutError:
+                    if is_disconnected is not None and await is_disconnected():
+                        return
+                    continue
+            else:
+                event = queue.get_nowait()
+            if isinstance(event, FinishEvent) and (error := failure(event, settings)):
+                raise error
+            yield event
+            if isinstance(event, FinishEvent):
+                return
+    finally:
+        req.cancel()
+
+
+async def collect(
+    job: CompletionJob, settings: Settings, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+) -> tuple[list[TokenEvent], FinishEvent]:
+    """Every token event and the finish event; 499 when the client left before the end."""
+    tokens, finish = [], None
+    async for e in events(job, settings, is_disconnected):
+        if isinstance(e, FinishEvent):
+            finish = e
+        else:
+            tokens.append(e)
+    if finish is None:
+        raise APIError(499, "client disconnected", None, "cancelled")
+    return tokens, finish
+
+
+def stream_sync(job: CompletionJob, settings: Settings) -> Iterator[Event]:
+    """`events` for a caller without an event loop (the Cog predictor): the same 429 and failure rules."""
+    stream = job.model.engine.stream(job.prompt_ids, job.params, settings.request_timeout_s)
+    try:
+        try:
+            first = next(stream)  # the request is submitted here
+        except QueueFullError as e:
+            raise busy(e) from None
+        for event in itertools.chain([first], stream):
+            if isinstance(event, FinishEvent) and (error := failure(event, settings)):
+                raise error
+            yield event
+    finally:
+        stream.close()  # leaving early cancels the request
+
+
+def failure(finish: FinishEvent, settings: Settings) -> APIError | None:
+    """The one rule for how a generation ended: length, EOS and stop sequences are successes."""
+    if finish.reason == "timeout":
+        return APIError(408, f"request exceeded its time limit of {settings.request_timeout_s} s", None, "timeout")
+    if finish.reason in ("error", "cancelled"):
+        return APIError(503, f"generation failed: {finish.message or finish.reason}", None, "generation")
+    return None
+
+
+def busy(e: QueueFullError) -> APIError:
+    return APIError(429, f"server busy: {e}; retry later", None, "overloaded", {"Retry-After": RETRY_AFTER_S})
