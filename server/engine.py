@@ -23,7 +23,8 @@ import torch
 from tokenizers import Tokenizer
 
 from model_store import GPT, KVCache
-from training.sampling import SamplingParams, StopMatcher, choose_token, process_logits, token_logprobs
+from server.detokenizer import Detokenizer
+from training.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -84,17 +85,14 @@ class GenerationRequest:
 class _Row:
     """A request in the running batch."""
 
-    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
+    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int, tokenizer) -> None:
         self.req = req
         self.logits = logits  # (V,) raw logits for the next token
         self.seen = list(req.prompt_ids)
         self.generated: list[int] = []
         self.length = len(req.prompt_ids)  # real tokens in the cache
         self.max_new = max_new
-        self.stop = StopMatcher(req.params.stop)
-        self.decoded = ""  # text of `generated` fed to the stop matcher so far
-        self.prefix_offset = 0  # incremental detokenisation window: generated[prefix_offset:read_offset]
-        self.read_offset = 0  # is already in `decoded`
+        self.detokenizer = Detokenizer(tokenizer, req.params.stop)
         self.generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
 
 
@@ -249,7 +247,7 @@ class GenerationEngine:
         self.stats.prefill_passes += 1
         for req, row_logits in zip(reqs, logits, strict=True):
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
-            self._rows.append(_Row(req, row_logits, max_new))
+            self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
         if self._cache is None:
             self._cache, self._mask = cache, mask
         else:
@@ -313,7 +311,7 @@ class GenerationEngine:
             return False
         row.generated.append(token)
         row.seen.append(token)
-        released, stopped = row.stop.feed(self._new_text(row))
+        released, stopped = row.detokenizer.add(token)
         at_length = len(row.generated) >= row.max_new
         last = stopped or at_length
         self._emit(req, TokenEvent(token, released, token_text, False, logprob, alternatives, last=last))
@@ -321,22 +319,6 @@ class GenerationEngine:
             self._finish(row, "stop_sequence" if stopped else "length")
             return False
         return True
-
-    def _new_text(self, row: _Row) -> str:
-        """The text the newest token adds, decoding a short window rather than the whole output.
-
-        Byte-level BPE tokens need their neighbours to decode (a character can span tokens), so the
-        window starts at the previous token that completed text; an incomplete UTF-8 character
-        decodes to U+FFFD and is held back until the next token completes it.
-        """
-        ids = row.generated
-        before = self.tokenizer.decode(ids[row.prefix_offset : row.read_offset])
-        text = self.tokenizer.decode(ids[row.prefix_offset :])
-        if len(text) <= len(before) or text.endswith("\ufffd"):
-            return ""
-        row.prefix_offset, row.read_offset = row.read_offset, len(ids)
-        row.decoded += text[len(before) :]
-        return text[len(before) :]
 
     @staticmethod
     def _emit(req: GenerationRequest, event: Event) -> None:
@@ -349,12 +331,11 @@ class GenerationEngine:
     def _finish(self, row: _Row, reason: str, message: str = "") -> None:
         tail = ""
         if reason != "stop_sequence":  # release what was held back: undecoded bytes, stop-sequence prefixes
-            released, stopped = row.stop.feed(self.tokenizer.decode(row.generated)[len(row.decoded) :])
-            tail = released + ("" if stopped else row.stop.flush())
+            tail, stopped = row.detokenizer.finish()
             reason = "stop_sequence" if stopped else reason
         self.stats.finished[reason] += 1
         prompt_tokens = len(row.req.prompt_ids)
-        self._emit(row.req, FinishEvent(reason, row.stop.text, len(row.generated), prompt_tokens, message, tail))
+        self._emit(row.req, FinishEvent(reason, row.detokenizer.text, len(row.generated), prompt_tokens, message, tail))
 
     # -- synchronous use (tests, command line, Cog) --------------------------------------------
 

@@ -2,10 +2,10 @@ import queue
 import statistics
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
+from server.detokenizer import Detokenizer
 from server.engine import FinishEvent, GenerationEngine, QueueFullError
 from tests.conftest import tiny_gpt
 from training.sampling import SamplingParams
@@ -181,12 +181,9 @@ def test_a_failing_sink_does_not_hurt_the_batch(engine):
 def test_incremental_detokenisation_is_exact_across_split_characters(engine):
     text = "naïve café, 東京 🙂 done"
     ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
-    row = SimpleNamespace(generated=[], prefix_offset=0, read_offset=0, decoded="")
-    pieces = []
-    for token in ids:
-        row.generated.append(token)
-        pieces.append(engine._new_text(row))
-    assert "".join(pieces) == text == row.decoded
+    detokenizer = Detokenizer(engine.tokenizer, stops=[])
+    pieces = [detokenizer.add(token)[0] for token in ids]
+    assert "".join(pieces) == text == detokenizer.text and detokenizer.finish() == ("", False)
     assert not any("\ufffd" in p for p in pieces)
     assert pieces.count("") >= 3  # the emoji's bytes arrive as separate tokens and wait for each other
 

@@ -1,4 +1,4 @@
-"""Per-request sampling: the logits pipeline, EOS downweighting, and stop sequences on text.
+"""Per-request sampling: the logits pipeline and EOS downweighting (stop sequences are text: server/detokenizer.py).
 
 One sampler for the serving engine and `GPT.generate` (so `python -m training complete` and the
 server give the same tokens for the same prompt, parameters and seed).
@@ -88,44 +88,3 @@ def token_logprobs(raw_logits: torch.Tensor, token: int, top_n: int) -> tuple[fl
         top = [(int(i), float(v)) for i, v in zip(ids, vals, strict=True)]
     value = float(logp[token])
     return (value if math.isfinite(value) else -1e9), top
-
-
-class StopMatcher:
-    """Finds stop sequences in streamed text, across token boundaries.
-
-    Text that might be the start of a stop sequence is held back until it is known not to be, so a
-    stream never shows part of a stop sequence.
-    """
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.text = ""  # everything generated so far
-        self.emitted = 0  # characters of self.text already released
-
-    def feed(self, new_text: str) -> tuple[str, bool]:
-        """Add decoded text; returns (text that is safe to emit now, whether a stop sequence was hit)."""
-        self.text += new_text
-        search_from = max(0, self.emitted - max((len(s) for s in self.stops), default=0))
-        hits = [i for s in self.stops if (i := self.text.find(s, search_from)) != -1]
-        if hits:
-            end = min(hits)
-            self.text = self.text[:end]
-            out = self.text[self.emitted :]
-            self.emitted = len(self.text)
-            return out, True
-        hold = 0  # longest suffix of the text that is a proper prefix of some stop sequence
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        safe = max(self.emitted, len(self.text) - hold)
-        out = self.text[self.emitted : safe]
-        self.emitted = safe
-        return out, False
-
-    def flush(self) -> str:
-        """At the end of generation: release what was held back."""
-        out = self.text[self.emitted :]
-        self.emitted = len(self.text)
-        return out
