@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The history of the city begins
 
-.PHONY: install serve complete test reliability clean
+.PHONY: install serve complete test browser reliability clean
 
 install: $(VENV)/.installed
 
@@ -23,9 +23,15 @@ serve: install
 complete: install
 	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
 
-test: install
+test: install browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The demo-page tests drive Debian's chromium through Playwright (no browser download).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  { echo "make test needs Debian's chromium for the browser tests: apt-get install chromium" >&2; exit 1; }
 
 # The long reliability runs (docs/RELIABILITY.md): >= 1,000 fuzz cases, then 64 clients of mixed load.
 reliability: install
