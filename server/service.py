@@ -165,6 +165,42 @@ async def collect(
     return tokens, finish
 
 
+async def collect_all(
+    jobs: list[CompletionJob], settings: Settings, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+) -> list[tuple[list[TokenEvent], FinishEvent]]:
+    """`collect` for several jobs at once (the engine batches them); one failure cancels the others."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(collect(job, settings, is_disconnected)) for job in jobs]
+    except* APIError as errors:
+        raise errors.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+async def merged_events(jobs: list[CompletionJob], settings: Settings) -> AsyncIterator[tuple[int, Event]]:
+    """The events of several jobs as they come, each with its job's index; a failure ends them all."""
+    queue: asyncio.Queue[tuple[int, Event] | APIError] = asyncio.Queue()
+
+    async def pump(index: int, job: CompletionJob) -> None:
+        try:
+            async for event in events(job, settings):
+                await queue.put((index, event))
+        except APIError as e:
+            await queue.put(e)
+
+    tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+    try:
+        for _ in range(len(jobs)):  # until every job has finished
+            while not isinstance(item := await queue.get(), APIError) and not isinstance(item[1], FinishEvent):
+                yield item
+            if isinstance(item, APIError):
+                raise item
+            yield item
+    finally:
+        for t in tasks:
+            t.cancel()  # leaving early cancels the requests (events' own cleanup)
+
+
 def stream_sync(job: CompletionJob, settings: Settings) -> Iterator[Event]:
     """`events` for a caller without an event loop (the Cog predictor): the same 429 and failure rules."""
     stream = job.model.engine.stream(job.prompt_ids, job.params, settings.request_timeout_s)

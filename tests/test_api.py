@@ -226,6 +226,27 @@ def test_openai_client_lists_and_retrieves_completion_models(client):
         oai.models.retrieve("tiny-mlm-softmax0")  # not a completion model
 
 
+def test_openai_client_prompt_lists_and_n_samples(client):
+    from openai import BadRequestError, OpenAI, UnprocessableEntityError
+
+    oai = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
+    args = dict(model="tiny-gpt", max_tokens=5, temperature=1.0, seed=3, extra_body={"eos_bias": -1e9})
+    c = oai.completions.create(prompt=["The castle", "A river"], n=2, **args)
+    assert [ch.index for ch in c.choices] == [0, 1, 2, 3] and c.usage.completion_tokens == 20
+    alone = oai.completions.create(prompt="A river", n=1, **{**args, "seed": 4})  # prompt 1, sample 1: seed + 1
+    assert c.choices[3].text == alone.choices[0].text
+    streamed: dict[int, str] = {}
+    for ch in oai.completions.create(prompt=["The castle", "A river"], n=2, stream=True, **args):
+        streamed[ch.choices[0].index] = streamed.get(ch.choices[0].index, "") + ch.choices[0].text
+    assert streamed == {ch.index: ch.text for ch in c.choices}
+    echoed = oai.completions.create(prompt="The castle", echo=True, **args)
+    assert echoed.choices[0].text.startswith("The castle")
+    for bad in ({"best_of": 2}, {"n": 17}):
+        with pytest.raises((BadRequestError, UnprocessableEntityError)) as e:
+            oai.completions.create(prompt="x", **{**args, **bad})
+        assert e.value.response.json()["field"] == next(iter(bad))  # the refusal names the field
+
+
 def test_openai_validation(client):
     r = client.post("/v1/completions", json={"model": "tiny-gpt", "prompt": "x", "temperature": 3})
     assert r.status_code == 422 and r.json()["field"] == "temperature"

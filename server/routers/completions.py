@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
@@ -14,7 +15,7 @@ from server.errors import APIError, error_body
 from server.registry import ServedModel
 from server.routers.sse import sse_response
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
-from server.service import collect, events, find_model, prepare_completion
+from server.service import collect_all, find_model, merged_events, prepare_completion
 
 router = APIRouter(tags=["completion (OpenAI format)"])
 
@@ -39,11 +40,23 @@ async def get_model(model_id: str, registry: Registry) -> Model:
 
 @router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)
 async def completions(body: CompletionRequest, request: Request, registry: Registry, settings: AppSettings):
-    """Complete `prompt`; with `logprobs`, per-token logprobs and alternatives; with `stream`, SSE."""
-    job = prepare_completion(registry, settings, body.model, body.prompt, body.to_sampling_params(settings))
-    m = job.model
+    """Complete each prompt `n` times (choice index = prompt index × n + sample); with `logprobs`,
+    per-token logprobs and alternatives; with `stream`, SSE chunks, each naming its choice."""
+    params = body.to_sampling_params(settings)
+    jobs = [
+        prepare_completion(
+            registry,
+            settings,
+            body.model,
+            prompt,
+            replace(params, seed=None if params.seed is None else params.seed + j),
+        )
+        for prompt in body.prompt
+        for j in range(body.n)
+    ]
+    m = jobs[0].model
+    prefixes = [prompt if body.echo else "" for prompt in body.prompt for _ in range(body.n)]
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    prefix = body.prompt if body.echo else ""
 
     def logprobs_of(tokens: list[TokenEvent], offset: int) -> Logprobs | None:
         if body.logprobs is None:
@@ -59,36 +72,43 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         return out
 
     if not body.stream:
-        tokens, finish = await collect(job, settings, request.is_disconnected)
-        choice = Choice(
-            text=prefix + finish.text,
-            logprobs=logprobs_of(tokens, len(prefix)),
-            finish_reason=OPENAI_FINISH[finish.reason],
-        )
+        results = await collect_all(jobs, settings, request.is_disconnected)
+        choices = [
+            Choice(
+                index=i,
+                text=prefixes[i] + finish.text,
+                logprobs=logprobs_of(tokens, len(prefixes[i])),
+                finish_reason=OPENAI_FINISH[finish.reason],
+            )
+            for i, (tokens, finish) in enumerate(results)
+        ]
+        prompt_tokens = sum(finish.prompt_tokens for _, finish in results[:: body.n])  # each prompt once
+        completion_tokens = sum(finish.generated_tokens for _, finish in results)
         usage = Usage(
-            prompt_tokens=finish.prompt_tokens,
-            completion_tokens=finish.generated_tokens,
-            total_tokens=finish.prompt_tokens + finish.generated_tokens,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
         )
-        return Completion(id=cid, created=created, model=m.id, choices=[choice], usage=usage)
+        return Completion(id=cid, created=created, model=m.id, choices=choices, usage=usage)
 
     async def stream():
-        def chunk(text: str, finish: str | None = None, lp: Logprobs | None = None) -> dict:
-            c = Completion(
-                id=cid, created=created, model=m.id, choices=[Choice(text=text, logprobs=lp, finish_reason=finish)]
-            )
-            return {"data": c.model_dump_json(exclude_none=True)}
+        def chunk(index: int, text: str, finish: str | None = None, lp: Logprobs | None = None) -> dict:
+            choice = Choice(index=index, text=text, logprobs=lp, finish_reason=finish)
+            return {"data": Completion(id=cid, created=created, model=m.id, choices=[choice]).model_dump_json(
+                exclude_none=True
+            )}  # fmt: skip
 
-        offset = len(prefix)
+        offsets = [len(p) for p in prefixes]
         try:
-            if prefix:
-                yield chunk(prefix)
-            async for e in events(job, settings):
+            for i, prefix in enumerate(prefixes):
+                if prefix:
+                    yield chunk(i, prefix)
+            async for i, e in merged_events(jobs, settings):
                 if isinstance(e, TokenEvent):
-                    yield chunk(e.text, lp=logprobs_of([e], offset))
-                    offset += len(e.text)
+                    yield chunk(i, e.text, lp=logprobs_of([e], offsets[i]))
+                    offsets[i] += len(e.text)
                 elif isinstance(e, FinishEvent):
-                    yield chunk(e.tail, OPENAI_FINISH[e.reason])
+                    yield chunk(i, e.tail, OPENAI_FINISH[e.reason])
         except APIError as err:
             yield {"data": json.dumps({"error": error_body(err.message, err.error_type, err.field)})}
         yield {"data": "[DONE]"}

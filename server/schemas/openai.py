@@ -14,14 +14,14 @@ from training.sampling import SamplingParams
 
 class CompletionRequest(EosControls):
     model: str = Field(..., description="Model id from GET /models.")
-    prompt: Text | list[Text] = Field(..., description="The prompt (a list of one string is accepted).")
+    prompt: Text | list[Text] = Field(..., description="The prompt, or a list of up to 16 prompts.")
     max_tokens: int = Field(
         16, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
     )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
-    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=16, description="Completions per prompt (seed s gives seeds s, s+1, ...).")
     stream: bool = False
     logprobs: int | None = Field(None, ge=0, le=5, description="Return logprobs of this many alternatives.")
     echo: bool = Field(False, description="Prepend the prompt to the completion.")
@@ -54,14 +54,13 @@ class CompletionRequest(EosControls):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str:
-        if isinstance(v, list):
-            if len(v) != 1:
-                raise ValueError("exactly one prompt is supported")
-            v = v[0]
-        if not v:
+    def _prompts(cls, v: str | list[str]) -> list[str]:
+        prompts = [v] if isinstance(v, str) else v
+        if not 1 <= len(prompts) <= 16:
+            raise ValueError("give 1 to 16 prompts")
+        if not all(prompts):
             raise ValueError("prompt must not be empty")
-        return v
+        return prompts
 
     @field_validator("stop")
     @classmethod
