@@ -15,6 +15,19 @@ from model_store import STORE_ROOT
 from scripts.processes import http_server
 
 
+def shoot_attention(page, model: str, layer: int, head: int, text: str, hover_cell: int, path: Path) -> None:
+    """One head's heatmap on the attention tab, a cell hovered so that its weight shows."""
+    page.select_option("#att-model", model)
+    page.wait_for_function(f"document.querySelector('#att-layer option[value=\"{layer}\"]') !== null")
+    page.select_option("#att-layer", str(layer))
+    page.select_option("#att-head", str(head))
+    page.fill("#att-text", text)
+    page.click("#show-attention")
+    page.wait_for_selector("#heatmap .cell")
+    page.hover(f"#heatmap .cell >> nth={hover_cell}")
+    page.screenshot(path=path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs"))
@@ -42,23 +55,11 @@ def main() -> None:
         page.screenshot(path=args.out / "demo-fill-mask.png")
 
         page.click("button[data-tab=attention]")
-        page.select_option("#att-layer", "2")
-        page.select_option("#att-head", "3")
-        page.fill("#att-text", "The castle was built by the king in the 12th century.")
-        page.click("#show-attention")
-        page.wait_for_selector("#heatmap .cell")
-        page.hover("#heatmap .cell >> nth=40")
-        page.screenshot(path=args.out / "demo-attention.png")
-
-        page.select_option("#att-model", "esperberto-softmax1")
-        page.wait_for_function("document.querySelectorAll('#att-layer option').length === 4")
-        page.select_option("#att-layer", "3")
-        page.select_option("#att-head", "0")
-        page.fill("#att-text", "La suno brilas hodiaŭ super la granda urbo.")
-        page.click("#show-attention")
-        page.wait_for_selector("#heatmap .cell")
-        page.hover("#heatmap .cell >> nth=12")
-        page.screenshot(path=args.out / "demo-attention-esperberto.png")
+        gpt = page.input_value("#att-model")
+        shoot_attention(page, gpt, 2, 3, "The castle was built by the king in the 12th century.", 40,
+                        args.out / "demo-attention.png")  # fmt: skip
+        shoot_attention(page, "esperberto-softmax1", 3, 0, "La suno brilas hodiaŭ super la granda urbo.", 12,
+                        args.out / "demo-attention-esperberto.png")  # fmt: skip
         browser.close()
     print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto}}.png")
 
