@@ -23,6 +23,7 @@ def shoot_attention(page, model: str, layer: int, head: int, text: str, hover_ce
     page.select_option("#att-head", str(head))
     page.fill("#att-text", text)
     page.click("#show-attention")
+    page.wait_for_function(f"document.querySelector('#hover-info').textContent.startsWith('{model} ')")
     page.wait_for_selector("#heatmap .cell")
     page.hover(f"#heatmap .cell >> nth={hover_cell}")
     page.screenshot(path=path)
