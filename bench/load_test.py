@@ -48,8 +48,10 @@ def requests_for(models: list[dict]) -> list[tuple[str, str, dict]]:
         ("stream", "/generate_stream", {"inputs": "In 1990 ,", "parameters": {"model": gpt, "max_new_tokens": 16}}),
         ("attention", "/attention", {"model": gpt, "text": "The castle was built in the 14th century ."}),
     ]
-    if any(m["kind"] == "mlm" for m in models):
+    mlm = next((m["id"] for m in models if m["kind"] == "mlm"), None)
+    if mlm is not None:
         mix.append(("fill-mask", "/fill-mask", {"inputs": "Mi <mask> vin.", "variant": "both"}))
+        mix.append(("attention-mlm", "/attention", {"model": mlm, "text": "La suno brilas super la urbo."}))
     return mix
 
 
