@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,10 +92,16 @@ class Blocks(torch.utils.data.Dataset):
 
 
 def load_or_train_tokenizer(cfg: MLMTrainConfig, train_lines: list[str]):
+    """The shared tokenizer; trained and written atomically when missing, so that both variants may start at once."""
     folder = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.out) / "tokenizer"
     if not (folder / "tokenizer.json").exists():
         tok = train_roberta_tokenizer(train_lines, cfg.vocab_size or PRESETS[cfg.preset]["vocab_size"])
-        tok.save_pretrained(folder)
+        scratch = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+        tok.save_pretrained(scratch)
+        try:
+            scratch.rename(folder)
+        except OSError:  # the other variant's run wrote it first: the same data gives the same tokenizer
+            shutil.rmtree(scratch)
     return AutoTokenizer.from_pretrained(folder)
 
 
