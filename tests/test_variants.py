@@ -10,7 +10,8 @@ from model_store.store import load_gpt, write_checkpoint
 from server.engine import GenerationEngine
 from tests.conftest import tiny_gpt
 from training.kv_cache import KVCache
-from training.model import AdditiveScore, rope
+from training.model import AdditiveScore
+from training.positions import rope
 from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.variants import VARIANTS

@@ -29,6 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training.kv_cache import KVCache
+from training.positions import rope, sinusoidal_encoding
+from training.relational import RelationalAttention
 from training.sampling import SamplingParams, choose_token, process_logits
 from training.softmax import get_softmax
 
@@ -114,38 +116,6 @@ VARIANT_CHOICES = {
 }
 
 
-def sinusoidal_angles(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """positions (B, T) -> angles p / 10000^(2i/dim), (B, T, dim/2): shared by sinusoidal PE and RoPE."""
-    half = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
-    inv_freq = torch.exp(-math.log(10000.0) * half / dim)  # (dim/2,)
-    return positions.float().unsqueeze(-1) * inv_freq
-
-
-def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...). (B, T) int -> (B, T, C) float.
-
-    Computed from the positions on the fly, so any position (e.g. deep into a KV cache) works.
-    """
-    angles = sinusoidal_angles(positions, d_model)  # (B, T, C/2)
-    pe = torch.zeros(*positions.shape, d_model, device=positions.device)
-    pe[..., 0::2] = torch.sin(angles)
-    pe[..., 1::2] = torch.cos(angles)
-    return pe
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al.): rotate pairs of channels by position-dependent angles.
-
-    x (B, H, T, D), positions (B, T) -> (B, H, T, D). The dot product of a rotated query and key then
-    depends on their positions only through the difference.
-    """
-    D = x.shape[-1]
-    angles = sinusoidal_angles(positions, D).unsqueeze(1)  # (B, 1, T, D/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
 class AdditiveScore(nn.Module):
     """Additive (Bahdanau) scores per head: score(q_i, k_j) = w2 . tanh(W1 [q_i; k_j]).
 
@@ -164,66 +134,6 @@ class AdditiveScore(nn.Module):
         a = torch.einsum("bhtd,hde->bhte", q, self.w1_q).unsqueeze(3)  # (B, H, T, 1, D)
         b = torch.einsum("bhsd,hde->bhse", k, self.w1_k).unsqueeze(2)  # (B, H, 1, S, D)
         return torch.einsum("bhtse,he->bhts", torch.tanh(a + b), self.w2)  # (B, H, T, S)
-
-
-class RelationalAttention(nn.Module):
-    """Relational heads of dual attention (Altabaa et al., "Disentangling and Integrating Relational
-    and Sensory Information in Transformer Architectures").
-
-    Head h attends as usual, alpha_ij = normalise(q_i . k_j / sqrt(D)), but instead of x_j's value it
-    retrieves how x_i relates to x_j, plus a symbol that says which j that was:
-
-        out_i = sum_j alpha_ij (r_ij W_r + s_ij W_s),   r_ij = (<x_i Wq_l, x_j Wk_l> / sqrt(D))_{l=1..R}
-
-    Symbols: "position_relative" s_ij depends on i - j (a learned table, W_s folded into it);
-    "symbolic_attention" s_j = x_j attending over a learned library of symbols.
-    """
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        H, D, C = config.n_relational_head, config.head_dim, config.d_model
-        R = config.n_relations or H
-        self.n_head, self.head_dim, self.n_relations = H, D, R
-        self.symbol_type = config.symbol_type
-        self.attn_qk = nn.Linear(C, 2 * H * D, bias=config.bias)  # selects j
-        self.rel_qk = nn.Linear(C, 2 * R * D, bias=config.bias)  # the R relations r(x_i, x_j)
-        self.w_r = nn.Parameter(torch.randn(H, R, D) * R**-0.5)  # relations -> head output
-        if config.symbol_type == "position_relative":
-            self.rel_symbols = nn.Parameter(torch.randn(config.context_length, H, D) * 0.02)  # s_(i-j) W_s
-        else:
-            self.symbol_query = nn.Linear(C, C, bias=False)
-            self.symbol_keys = nn.Parameter(torch.randn(config.n_symbols, C) * 0.02)
-            self.symbol_values = nn.Parameter(torch.randn(config.n_symbols, C) * 0.02)
-            self.w_s = nn.Linear(C, H * D, bias=False)
-
-    def project(self, x: torch.Tensor, positions: torch.Tensor, use_rope: bool):
-        """(B, T, C) -> queries (q, q_rel) and what the cache keeps (k, k_rel[, symbols])."""
-        B, T, C = x.shape
-        q, k = self.attn_qk(x).view(B, T, 2 * self.n_head, self.head_dim).transpose(1, 2).chunk(2, dim=1)
-        if use_rope:
-            q, k = rope(q, positions), rope(k, positions)
-        q_rel, k_rel = self.rel_qk(x).view(B, T, 2 * self.n_relations, self.head_dim).transpose(1, 2).chunk(2, dim=1)
-        cached = [k, k_rel]  # (B, H, T, D), (B, R, T, D)
-        if self.symbol_type == "symbolic_attention":
-            pick = F.softmax(self.symbol_query(x) @ self.symbol_keys.T / math.sqrt(C), -1)  # (B, T, n_symbols)
-            symbols = self.w_s(pick @ self.symbol_values)  # (B, T, H*D)
-            cached.append(symbols.view(B, T, self.n_head, self.head_dim).transpose(1, 2))  # (B, H, T, D)
-        return (q, q_rel), cached
-
-    def forward(self, queries, cached, normalise, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-        (q, q_rel), (k, k_rel, *symbols) = queries, cached
-        T, S = q.shape[2], k.shape[2]
-        alpha = normalise((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim))  # (B, H, T, S)
-        a = F.dropout(alpha, dropout_p, self.training)
-        relations = (q_rel @ k_rel.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, R, T, S)
-        y = torch.einsum("bhts,brts,hrd->bhtd", a, relations, self.w_r)  # (B, H, T, D)
-        if symbols:
-            y = y + a @ symbols[0]
-        else:  # query i sits in column S - T + t; distances beyond the table only occur for masked keys
-            dist = torch.arange(S - T, S, device=q.device).view(T, 1) - torch.arange(S, device=q.device).view(1, S)
-            table = self.rel_symbols[dist.clamp(0, self.rel_symbols.shape[0] - 1)]  # (T, S, H, D)
-            y = y + torch.einsum("bhts,tshd->bhtd", a, table.to(a.dtype))
-        return y, alpha
 
 
 class CausalSelfAttention(nn.Module):

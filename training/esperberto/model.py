@@ -23,7 +23,7 @@ import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PretrainedConfig, RobertaConfig, RobertaForMaskedLM
 
 from training.esperberto.attention import SOFTMAX1
-from training.model import sinusoidal_encoding
+from training.positions import sinusoidal_encoding
 
 VARIANTS = ("softmax0", "softmax1")
 ARCHITECTURES = ("roberta", "modernbert")
