@@ -47,7 +47,7 @@ def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tenso
 def score(m: ServedModel, text: str, top_n: int) -> dict:
     """Log-probability of every token given the ones before it (the first token is given)."""
     eos = m.model.config.eos_token_id
-    ids = gpt_ids(m, text, "text")[: m.model.config.context_length - 1]
+    ids = gpt_ids(m, text, "text")[: m.context_length - 1]
     x = torch.tensor([[eos] + ids], device=next(m.model.parameters()).device)  # read as a new document
     logp = torch.log_softmax(m.model(x).logits[0, :-1].float(), dim=-1)  # (T, V): row t predicts ids[t]
     chosen = logp[torch.arange(len(ids)), torch.tensor(ids, device=logp.device)]

@@ -190,12 +190,13 @@ async def merged_events(jobs: list[CompletionJob], settings: Settings) -> AsyncI
 
     tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
     try:
-        for _ in range(len(jobs)):  # until every job has finished
-            while not isinstance(item := await queue.get(), APIError) and not isinstance(item[1], FinishEvent):
-                yield item
+        finished = 0
+        while finished < len(jobs):
+            item = await queue.get()
             if isinstance(item, APIError):
                 raise item
             yield item
+            finished += isinstance(item[1], FinishEvent)
     finally:
         for t in tasks:
             t.cancel()  # leaving early cancels the requests (events' own cleanup)

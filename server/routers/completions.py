@@ -43,15 +43,10 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     """Complete each prompt `n` times (choice index = prompt index × n + sample); with `logprobs`,
     per-token logprobs and alternatives; with `stream`, SSE chunks, each naming its choice."""
     params = body.to_sampling_params(settings)
-    jobs = [
-        prepare_completion(
-            registry,
-            settings,
-            body.model,
-            prompt,
-            replace(params, seed=None if params.seed is None else params.seed + j),
-        )
-        for prompt in body.prompt
+    prompt_jobs = [prepare_completion(registry, settings, body.model, prompt, params) for prompt in body.prompt]
+    jobs = [  # n samples of each prompt, encoded once
+        replace(job, params=replace(params, seed=None if params.seed is None else params.seed + j))
+        for job in prompt_jobs
         for j in range(body.n)
     ]
     m = jobs[0].model

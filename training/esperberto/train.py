@@ -257,6 +257,7 @@ def train_mlm(cfg: MLMTrainConfig, command: str = "") -> dict:
         "config": asdict(cfg),
         "final_train_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
         "heldout": evaluate_mlm(best, tokenizer, valid_blocks, cfg.batch_size),
+        "fill_mask": fill_mask_examples(best, tokenizer),
     }
     log = read_log(heldout.log_path, cfg.max_steps)
     export(best, tokenizer, out / "model", metrics, log, command)
@@ -282,7 +283,6 @@ def export(model, tokenizer, folder: Path, metrics: dict, log: list[dict], comma
     from model_store.store import write_manifest
     from training.report import plot_mlm_curves, write_mlm_card
 
-    metrics["fill_mask"] = fill_mask_examples(model, tokenizer)
     folder.mkdir(parents=True, exist_ok=True)
     save_model(model, folder)
     tokenizer.save_pretrained(folder)
