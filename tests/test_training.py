@@ -120,3 +120,18 @@ def test_two_process_ddp_run(tmp_path):
     assert [e["step"] for e in log] == [3, 6]  # written once, by rank 0
     assert (tmp_path / "model" / "model.safetensors").exists()
     assert "16 tokens/step" not in proc.stdout and "128 tokens/step" in proc.stdout  # 2 ranks x 4 x 16
+
+
+def test_patience_stops_the_run_and_ships_the_best_checkpoint(tmp_path):
+    # a learning rate this high makes the validation loss rise after its first dip; the run must stop
+    # within `patience` evaluations of its best and export the best weights, not the last
+    cfg = tiny_train_config(tmp_path, lr=0.5, min_lr=0.5, warmup_steps=1, max_steps=200, eval_interval=5, patience=2)
+    metrics = train(cfg)
+    log = read_log(tmp_path)
+    best = min(log, key=lambda e: e["valid_loss"])
+    assert log[-1]["step"] < 200 and log[-1]["step"] == best["step"] + 2 * 5
+    assert metrics["best_step"] == best["step"] and metrics["best_valid_loss"] == best["valid_loss"]
+    model, _ = load_gpt(tmp_path / "model")
+    stored = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, stored[name].half().float())

@@ -1,4 +1,4 @@
-"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis,experiments} --help`."""
+"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis,experiments,pilots} --help`."""
 
 from __future__ import annotations
 
@@ -81,6 +81,9 @@ def add_gpt_parser(sub) -> None:
     r.add_argument(
         "--stop-at", type=int, default=None, help="end this invocation after this step; rerun the command to resume"
     )
+    r.add_argument(
+        "--patience", type=int, default=None, help="stop after this many evaluations without a new best valid loss"
+    )
     r.add_argument("--no-final-eval", action="store_true", help="skip full valid/test perplexity at the end")
 
 
@@ -94,6 +97,12 @@ def add_experiments_parser(sub) -> None:
     p.add_argument("--runs", default="runs/experiments", help="run folders (a finished run is reused)")
     p.add_argument("--out", default="docs/experiments", help="where the report goes")
     p.add_argument("--export", nargs="*", default=[], help="variants to copy to model_store/gpt-CORPUS-VARIANT")
+
+
+def add_pilots_parser(sub) -> None:
+    p = sub.add_parser("pilots", help="the pilot table of the runs training/pilots.sh wrote")
+    p.add_argument("runs", nargs="?", default="runs/pilots", help="the pilots' folder")
+    p.add_argument("--names", nargs="+", required=True, help="pilots in table order, the baseline first")
 
 
 def add_eval_parser(sub) -> None:
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     add_esperberto_parser(sub)
     add_kurtosis_parser(sub)
     add_experiments_parser(sub)
+    add_pilots_parser(sub)
     args = parser.parse_args(argv)
     args.command_line = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
     runners = {
@@ -194,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         "esperberto": run_esperberto,
         "kurtosis": run_kurtosis,
         "experiments": run_experiments,
+        "pilots": run_pilots,
     }
     runners[args.command](args)
 
@@ -253,6 +264,7 @@ def run_gpt(args) -> None:
         compile=args.compile,
         final_eval=not args.no_final_eval,
         stop_at=args.stop_at,
+        patience=args.patience,
     )
     train(cfg, command=args.command_line)
 
@@ -337,6 +349,12 @@ def run_experiments(args) -> None:
             export=args.export,
         )
     )
+
+
+def run_pilots(args) -> None:
+    from training.pilots import pilot_table
+
+    print(pilot_table(Path(args.runs), args.names))
 
 
 def run_kurtosis(args) -> None:

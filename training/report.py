@@ -81,6 +81,8 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
         f"- Steps: {metrics['steps']}, batch {batch}, lr {cfg_dict['lr']} ({schedule}), seed {cfg_dict['seed']}",
         f"- Wall time: {metrics['wall_time_s'] / 60:.1f} min; parameters: {metrics['parameters']:,}",
         f"- Final train loss {metrics['final_train_loss']}, validation loss {metrics['final_valid_loss']} (nats/token)",
+        f"- Shipped weights: step {metrics.get('best_step')}, the lowest validation loss "
+        f"({metrics.get('best_valid_loss')}); weights stored in fp16 and measured after that rounding",
     ]
     if "valid" in metrics:
         v, t = metrics["valid"], metrics["test"]

@@ -61,6 +61,7 @@ class TrainConfig:
     final_eval: bool = True  # full valid/test perplexity + model card at the end
     export: str | None = None  # also copy the exported model here (e.g. model_store/gpt-wikitext2)
     stop_at: int | None = None  # end this invocation after this step (checkpoint saved); rerun to resume
+    patience: int | None = None  # end the run after this many evaluations without a new best valid loss
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -69,6 +70,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def evals_since_best(log: list[dict]) -> int:
+    """How many evaluations ago the valid loss was lowest (0: the last one is the best)."""
+    losses = [e["valid_loss"] for e in log]
+    return len(losses) - 1 - losses.index(min(losses)) if losses else 0
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -116,7 +123,7 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     model = GPT(cfg.model).to(device)  # same seed on every rank: identical initial weights
     optimizer = make_optimizer(model, cfg)
     step, log = 0, []
-    ckpt_path = out / "checkpoint.pt"
+    ckpt_path, best_path = out / "checkpoint.pt", out / "best.pt"
     if ckpt_path.exists():  # resume: tensors and plain containers only (weights_only)
         state = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
@@ -148,20 +155,15 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         model.train()
         return sum(losses) / len(losses)
 
+    def save(state: dict, path: Path) -> None:
+        if is_main:  # write then rename: an interrupted save never leaves a torn file
+            tmp = path.with_suffix(".tmp")
+            torch.save(state, tmp)
+            tmp.replace(path)
+
     def save_checkpoint() -> None:
-        if is_main:
-            tmp = ckpt_path.with_suffix(".tmp")
-            torch.save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step,
-                    "log": json.dumps(log),
-                    "rng": torch.get_rng_state(),
-                },
-                tmp,
-            )
-            tmp.replace(ckpt_path)
+        state = {"optimizer": optimizer.state_dict(), "log": json.dumps(log), "rng": torch.get_rng_state()}
+        save({"model": model.state_dict(), "step": step, **state}, ckpt_path)
 
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
     if is_main:
@@ -193,6 +195,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         if step % cfg.eval_interval == 0 or step == cfg.max_steps:
             entry = {"step": step, "train_loss": round(loss_sum, 4), "elapsed_s": round(time.time() - start_time, 1)}
             entry["valid_loss"] = round(evaluate(), 4)
+            if entry["valid_loss"] < min((e["valid_loss"] for e in log), default=math.inf):
+                save({"model": model.state_dict(), "step": step}, best_path)  # what ships: the best, not the last
             log.append(entry)
             if is_main:
                 bar.write(json.dumps(entry))
@@ -200,12 +204,14 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
                     f.write(json.dumps(entry) + "\n")
         if step % cfg.save_interval == 0 or step == cfg.max_steps or step == cfg.stop_at:
             save_checkpoint()
-        if step == cfg.stop_at:
+        if step == cfg.stop_at or evals_since_best(log) == cfg.patience:
             break
     bar.close()
 
     metrics: dict = {}
-    if is_main and step == cfg.max_steps:
+    if is_main and (step == cfg.max_steps or evals_since_best(log) == cfg.patience):
+        if best_path.exists():
+            model.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)["model"])
         metrics = finish_run(cfg, model, tokenizer, log, valid_text, command)
     if distributed:
         dist.barrier()
@@ -224,8 +230,11 @@ def finish_run(
     with torch.no_grad():  # evaluate exactly what ships: weights rounded to the stored half precision
         for p in model.parameters():
             p.copy_(p.half().float())
+    best = min(log, key=lambda e: e["valid_loss"]) if log else {}
     metrics: dict = {
         "steps": log[-1]["step"] if log else 0,
+        "best_step": best.get("step", 0),
+        "best_valid_loss": best.get("valid_loss"),
         "wall_time_s": log[-1]["elapsed_s"] if log else 0.0,
         "parameters": model.num_parameters(),
         "final_train_loss": log[-1]["train_loss"] if log else None,
