@@ -28,7 +28,7 @@ def test_health_models_info(client):
     listed = client.get("/models").json()
     models = {m["id"]: m for m in listed["data"]}
     assert "broken-gpt" in listed["failed"] and "model.safetensors" in listed["failed"]["broken-gpt"]
-    assert models["tiny-gpt"]["attention"] == "softmax" and "generate" in models["tiny-gpt"]["tasks"]
+    assert models["tiny-gpt"]["attention"] == "softmax0" and "generate" in models["tiny-gpt"]["tasks"]
     assert (
         models["tiny-mlm-softmax1"]["attention"] == "softmax1"
         and models["tiny-mlm-softmax1"]["tasks"][0] == "fill-mask"
@@ -303,7 +303,7 @@ def test_attention_png_survives_mathtext_tokens(layers):
 
     tokens = ["$\\frac{$", "$x$", "ok"]
     result = {"weights": torch.rand(layers, 2, 3, 3), "tokens": tokens, "layers": list(range(layers)),
-              "heads": [0, 1], "model": "m", "attention_variant": "softmax"}  # fmt: skip
+              "heads": [0, 1], "model": "m", "attention_variant": "softmax0"}  # fmt: skip
     assert attention_png(result)[:4] == b"\x89PNG"
     single = {**result, "weights": result["weights"][:1, :1], "layers": [0], "heads": [0]}
     assert attention_png(single)[:4] == b"\x89PNG"

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config, tiny_gpt
-from training.model import GPTConfig
+from training.model import CausalSelfAttention, GPTConfig
 from training.sampling import SamplingParams
 
-SOFTMAXES = ["softmax", "softmax1"]
+SOFTMAXES = ["softmax0", "softmax1"]
 
 
 @pytest.mark.parametrize("sm", SOFTMAXES)
@@ -36,7 +36,7 @@ def test_attention_weights_shapes_and_row_sums(sm):
         assert w.shape == (2, model.config.n_head, 11, 11)
         assert torch.all(w.triu(1) == 0)  # nothing above the diagonal: no future
         sums = w.sum(-1)
-        if sm == "softmax":
+        if sm == "softmax0":
             torch.testing.assert_close(sums, torch.ones_like(sums))
         else:
             assert (sums < 1).all()
@@ -44,7 +44,7 @@ def test_attention_weights_shapes_and_row_sums(sm):
 
 
 def test_softmax1_model_differs_from_softmax_with_same_weights():
-    a = tiny_gpt(seed=3, softmax="softmax")
+    a = tiny_gpt(seed=3, softmax="softmax0")
     b = tiny_gpt(seed=3, softmax="softmax1")
     b.load_state_dict(a.state_dict())
     x = torch.randint(1, 97, (1, 12))
@@ -99,3 +99,9 @@ def test_gradients_flow_to_every_parameter():
     model(x, x).loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_configs_written_before_the_rename_still_load():
+    # "softmax" was the GPT's name for the standard normaliser; "softmax0" is the one name now
+    cfg = GPTConfig.from_dict({**GPTConfig().to_dict(), "softmax": "softmax"})
+    assert cfg.softmax == "softmax0" and CausalSelfAttention(cfg).fused

@@ -53,7 +53,7 @@ def add_gpt_parser(sub) -> None:
     m.add_argument("--context-length", type=int, default=256, help="tokens per training window")
     m.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings and residual branches")
     m.add_argument("--attn-dropout", type=float, default=0.0, help="dropout on attention probabilities")
-    m.add_argument("--softmax", default="softmax", choices=["softmax", "softmax1"], help="attention normaliser")
+    m.add_argument("--softmax", default="softmax0", choices=["softmax0", "softmax1"], help="attention normaliser")
     m.add_argument("--no-tie-weights", action="store_true", help="separate LM-head and token-embedding matrices")
     m.add_argument(
         "--variant",

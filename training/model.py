@@ -32,7 +32,7 @@ from training.kv_cache import KVCache
 from training.positions import rope, sinusoidal_encoding
 from training.relational import RelationalAttention
 from training.sampling import SamplingParams, choose_token, process_logits
-from training.softmax import get_softmax
+from training.softmax import LEGACY_NAMES, get_softmax
 
 
 @dataclass
@@ -47,7 +47,7 @@ class GPTConfig:
     attn_dropout: float = 0.0  # on attention probabilities (costly on CPU: off by default)
     tie_weights: bool = True  # share the token embedding with the LM head
     bias: bool = True
-    softmax: str = "softmax"  # "softmax" or "softmax1" (see training/softmax.py)
+    softmax: str = "softmax0"  # "softmax0" (standard) or "softmax1" (see training/softmax.py)
     eos_token_id: int = 0
     # attention variants (the defaults are the standard transformer)
     score: str = "dot"  # "dot": q.k / sqrt(D); "additive": w2 . tanh(W1 [q; k]) (Bahdanau)
@@ -67,6 +67,7 @@ class GPTConfig:
         if self.d_model % heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head + n_relational_head={heads}")
         get_softmax(self.softmax)  # fail early on an unknown name
+        self.softmax = LEGACY_NAMES.get(self.softmax, self.softmax)
         for name, allowed in VARIANT_CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {allowed}")
@@ -153,7 +154,7 @@ class CausalSelfAttention(nn.Module):
         self.softmax = get_softmax(config.softmax)
         self.masking = config.masking
         self.use_rope = config.positions == "rope"
-        self.fused = config.softmax == "softmax" and config.score == "dot" and config.masking == "causal"
+        self.fused = config.softmax == "softmax0" and config.score == "dot" and config.masking == "causal"
 
     def forward(
         self,

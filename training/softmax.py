@@ -40,12 +40,14 @@ def softmax1(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return (e / (torch.exp(-m) + e.sum(dim, keepdim=True))).to(x.dtype)
 
 
-SOFTMAX_FUNCTIONS: dict[str, SoftmaxFn] = {"softmax": softmax, "softmax1": softmax1}
+# "softmax0" is the standard softmax in both model families (the name of the softmax1 paper's study)
+SOFTMAX_FUNCTIONS: dict[str, SoftmaxFn] = {"softmax0": softmax, "softmax1": softmax1}
+LEGACY_NAMES = {"softmax": "softmax0"}  # what configs written before the rename store
 
 
 def get_softmax(name: str) -> SoftmaxFn:
     """Look up an attention normaliser by the name stored in a model config."""
     try:
-        return SOFTMAX_FUNCTIONS[name]
+        return SOFTMAX_FUNCTIONS[LEGACY_NAMES.get(name, name)]
     except KeyError:
         raise ValueError(f"unknown softmax {name!r}; choose one of {sorted(SOFTMAX_FUNCTIONS)}") from None

@@ -39,7 +39,7 @@ function showError(message) {
 
 // ---- models and controls ----------------------------------------------------------------------
 
-// the attention settings that differ from the standard transformer, e.g. "softmax, rope positions"
+// the attention settings that differ from the standard transformer, e.g. "softmax0, rope positions"
 function describe(m) {
   const s = m.attention_settings || {};
   const parts = [m.attention];
