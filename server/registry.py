@@ -96,7 +96,7 @@ class ModelRegistry:
                 folder=folder,
                 config=c.to_dict(),
                 normaliser=c.softmax,
-                attention_settings=c.variant(),
+                attention_settings=c.attention_settings(),
                 layers=c.n_layer,
                 heads=c.n_attention_heads,
                 context_length=c.context_length,

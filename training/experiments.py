@@ -178,7 +178,7 @@ def run_variant(cfg: ExperimentConfig, name: str, data: Path, tokenizer_path: Pa
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     result = {
         "variant": name,
-        "settings": model.config.variant(),
+        "settings": model.config.attention_settings(),
         "parameters": metrics["parameters"],
         "train_time_s": metrics["wall_time_s"],
         "final_train_loss": metrics["final_train_loss"],

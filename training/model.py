@@ -81,7 +81,7 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_attention_heads
 
-    def variant(self) -> dict:
+    def attention_settings(self) -> dict:
         """The attention settings that differ between the experiment's variants."""
         keys = ("score", "qkv_sharing", "masking", "softmax", "positions", "n_head", "n_relational_head")
         out = {k: getattr(self, k) for k in keys}
