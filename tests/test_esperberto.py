@@ -289,3 +289,11 @@ def test_softmax1_checkpoint_never_loads_silently_as_softmax(preset, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode not in (0, 3), out.stdout  # 3: it loaded, with some other attention
     assert "softmax1" in out.stderr
+
+
+def test_presets_are_the_command_lines_choices():
+    from typing import get_args
+
+    from training.esperberto.model import PRESETS, Preset
+
+    assert set(get_args(Preset)) == set(PRESETS)

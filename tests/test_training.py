@@ -12,14 +12,13 @@ from tests.conftest import REPO, TINY_WIKI
 from training.model import GPTConfig
 from training.trainer import TrainConfig, lr_at, train
 
-TINY_MODEL = dict(n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)
+TINY_MODEL = dict(vocab_size=300, n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)
 
 
 def tiny_train_config(out, **overrides) -> TrainConfig:
     base = dict(
         data=str(TINY_WIKI),
         out=str(out),
-        vocab_size=300,
         model=GPTConfig(**TINY_MODEL),
         batch_size=8,
         max_steps=60,

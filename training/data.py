@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tokenizers import Tokenizer
@@ -54,7 +55,10 @@ def _read_hf_dataset(dataset_id: str, split: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in ds["text"])
 
 
-def split_documents(text: str, mode: str = "wikitext") -> list[str]:
+DocMode = Literal["wikitext", "paragraph", "line"]  # articles at ' = Title = ' lines, blank-line blocks, lines
+
+
+def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
     """Cut raw text into documents: WikiText articles (at ' = Title = ' lines), blank-line blocks, or lines."""
     if mode == "wikitext":
         docs, current = [], []

@@ -12,6 +12,7 @@ loss the model really has when it generates.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -20,6 +21,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,7 @@ from training.data import encode_documents, read_split, split_documents
 from training.evaluate import corpus_perplexity, sentence_scores
 from training.kv_cache import KVCache
 from training.model import GPT, GPTConfig
+from training.options import option
 from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.trainer import TrainConfig, train
@@ -56,27 +59,28 @@ PROMPTS = {
 
 @dataclass
 class ExperimentConfig:
-    corpus: str = "wikitext2"
-    data: str | None = None  # override the corpus's source (a folder or one file), e.g. a test fixture
-    runs: str = "runs/experiments"  # run folders (checkpoints, logs); reused when finished
-    out: str = "docs/experiments"  # report: <corpus>.md, <corpus>-loss.png, <corpus>.json
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    corpus: Literal["wikitext2", "tinystories"] = option("wikitext2", "which shared corpus")
+    data: str | None = option(None, "another source for the corpus (a folder or one file), e.g. a test fixture")
+    runs: str = option("runs/experiments", "run folders (checkpoints, logs); a finished run is reused")
+    out: str = option("docs/experiments", "where the report goes: CORPUS.md, CORPUS-loss.png, CORPUS.json")
+    variants: list[str] = option(list(VARIANTS), "which variants", choices=list(VARIANTS))
     model: GPTConfig = field(
         default_factory=lambda: GPTConfig(
             n_layer=2, n_head=4, d_model=128, d_ff=512, context_length=64, dropout=0.0, tie_weights=True
-        )
+        ),
+        metadata={"help": argparse.SUPPRESS},  # the one shape every variant shares
     )
-    vocab_size: int = 4096
-    batch_size: int = 32
-    max_steps: int = 400
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    eval_interval: int = 50
-    seed: int = 1337
-    export: list[str] = field(default_factory=list)  # variants copied to model_store/gpt-<corpus>-<variant>
-    store: str = "model_store"
-    leak_free_tokens: int = 2048  # dev tokens scored one at a time through the KV cache
-    train_ppl_chars: int = 500_000  # train perplexity on the first characters of the train split
+    vocab_size: int = option(4096, "BPE vocabulary, trained on the train split")
+    batch_size: int = option(32, "windows per step")
+    max_steps: int = option(400, "optimiser steps per variant (the same for all)", aliases=["--steps"])
+    lr: float = option(1e-3, "peak learning rate")
+    warmup_steps: int = option(50, "linear warmup steps")
+    eval_interval: int = option(50, "steps between validation-loss checks")
+    seed: int = option(1337, "seed for weights and batch order")
+    export: list[str] = option([], "variants copied to STORE/gpt-CORPUS-VARIANT", choices=list(VARIANTS))
+    store: str = option("model_store", "the model store the exports go to")
+    leak_free_tokens: int = option(2048, "dev tokens scored one at a time through the KV cache")
+    train_ppl_chars: int = option(500_000, "train perplexity on the first characters of the train split")
 
 
 def corpus_folder(cfg: ExperimentConfig) -> Path:
@@ -158,7 +162,6 @@ def run_variant(cfg: ExperimentConfig, name: str, data: Path, tokenizer_path: Pa
         data=str(data),
         out=str(run),
         tokenizer=str(tokenizer_path),
-        vocab_size=cfg.vocab_size,
         doc_mode=CORPORA[cfg.corpus]["doc_mode"],
         model=model_cfg,
         batch_size=cfg.batch_size,

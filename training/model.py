@@ -23,41 +23,49 @@ import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from training.kv_cache import KVCache
+from training.options import option
 from training.positions import rope, sinusoidal_encoding
 from training.relational import RelationalAttention
 from training.sampling import SamplingParams, choose_token, process_logits
 from training.softmax import LEGACY_NAMES, get_softmax
 
+Score = Literal["dot", "additive"]
+QKVSharing = Literal["none", "qk", "qkv"]
+Masking = Literal["causal", "zero_after"]
+Positions = Literal["sinusoidal", "learned", "rope"]
+SymbolType = Literal["position_relative", "symbolic_attention"]
+
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 8192
-    context_length: int = 256  # longest sequence seen in training
-    n_layer: int = 6
-    n_head: int = 8
-    d_model: int = 256
-    d_ff: int = 1024  # hidden width of the MLP
-    dropout: float = 0.1  # on embeddings and residual branches
-    attn_dropout: float = 0.0  # on attention probabilities (costly on CPU: off by default)
-    tie_weights: bool = True  # share the token embedding with the LM head
-    bias: bool = True
-    softmax: str = "softmax0"  # "softmax0" (standard) or "softmax1" (see training/softmax.py)
-    eos_token_id: int = 0
+    vocab_size: int = option(8192, "BPE vocabulary (a tokenizer trained by the run gets this size)")
+    context_length: int = option(256, "longest sequence seen in training (tokens per window)")
+    n_layer: int = option(6, "transformer blocks")
+    n_head: int = option(8, "attention heads per block")
+    d_model: int = option(256, "residual stream width")
+    d_ff: int | None = option(None, "MLP hidden width (default 4 x d_model)")
+    dropout: float = option(0.1, "dropout on embeddings and residual branches")
+    attn_dropout: float = option(0.0, "dropout on attention probabilities (costly on CPU)")
+    tie_weights: bool = option(True, "share the token embedding with the LM head")
+    bias: bool = option(True, "biases in linear layers and LayerNorms")
+    softmax: Literal["softmax0", "softmax1"] = option("softmax0", "attention normaliser (training/softmax.py)")
+    eos_token_id: int = option(0, None)  # set from the tokenizer
     # attention variants (the defaults are the standard transformer)
-    score: str = "dot"  # "dot": q.k / sqrt(D); "additive": w2 . tanh(W1 [q; k]) (Bahdanau)
-    qkv_sharing: str = "none"  # "none"; "qk": one projection for queries and keys; "qkv": one for all three
-    masking: str = "causal"  # "causal": -inf before the normaliser; "zero_after": LEAKS the future (demo only)
-    positions: str = "sinusoidal"  # "sinusoidal" (added), "learned" (added), "rope" (rotates q and k)
-    n_relational_head: int = 0  # relational-attention heads beside the n_head self-attention heads
-    n_relations: int = 0  # relations r(x_i, x_j) per relational layer; 0 = as many as relational heads
-    symbol_type: str = "position_relative"  # relational symbols: "position_relative" or "symbolic_attention"
-    n_symbols: int = 64  # size of the symbol library for symbolic_attention
+    score: Score = option("dot", "q.k / sqrt(D), or additive w2 . tanh(W1 [q; k]) (Bahdanau)")
+    qkv_sharing: QKVSharing = option("none", "one projection for queries and keys (qk), or for all three (qkv)")
+    masking: Masking = option("causal", "-inf before the normaliser; zero_after LEAKS the future (demo only)")
+    positions: Positions = option("sinusoidal", "added sinusoidal or learned table, or rope (rotates q and k)")
+    n_relational_head: int = option(0, "relational-attention heads beside the n_head self-attention heads")
+    n_relations: int = option(0, "relations r(x_i, x_j) per relational layer; 0 = as many as relational heads")
+    symbol_type: SymbolType = option("position_relative", "relational symbols")
+    n_symbols: int = option(64, "size of the symbol library for symbolic_attention")
     architecture: str = field(default="gpt", init=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +74,7 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} must be >= 1 and n_relational_head >= 0")
         if self.d_model % heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head + n_relational_head={heads}")
+        self.d_ff = self.d_ff or 4 * self.d_model
         get_softmax(self.softmax)  # fail early on an unknown name
         self.softmax = LEGACY_NAMES.get(self.softmax, self.softmax)
         for name, allowed in VARIANT_CHOICES.items():
@@ -109,11 +118,14 @@ class GPTConfig:
 
 
 VARIANT_CHOICES = {
-    "score": ("dot", "additive"),
-    "qkv_sharing": ("none", "qk", "qkv"),
-    "masking": ("causal", "zero_after"),
-    "positions": ("sinusoidal", "learned", "rope"),
-    "symbol_type": ("position_relative", "symbolic_attention"),
+    name: get_args(kind)
+    for name, kind in (
+        ("score", Score),
+        ("qkv_sharing", QKVSharing),
+        ("masking", Masking),
+        ("positions", Positions),
+        ("symbol_type", SymbolType),
+    )
 }
 
 

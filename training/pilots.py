@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from training import WIKITEXT2
 from training.data import encode_documents, read_split, split_documents
 from training.tokenizer import eos_id
 
@@ -33,7 +34,7 @@ def pilot_row(run: Path) -> dict:
     command = (run / "model" / "README.md").read_text().split("- Command: `")[1].split("`")[0]
     args = shlex.split(command)
     option = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-    ratio = tokens_per_word(option["--tokenizer"], option.get("--data", read_default_data()), "wikitext")
+    ratio = tokens_per_word(option["--tokenizer"], option.get("--data", str(WIKITEXT2)), "wikitext")
     last = log[-1]
     return {
         "name": run.name,
@@ -53,12 +54,6 @@ def pilot_row(run: Path) -> dict:
         "word_ppl": math.exp(last["valid_loss"] * ratio),
         "tokens_per_word": ratio,
     }
-
-
-def read_default_data() -> str:
-    from training import SHARED_DATA
-
-    return str(SHARED_DATA / "wikitext-2-raw")
 
 
 def pilot_table(runs: Path, names: list[str]) -> str:

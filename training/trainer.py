@@ -7,6 +7,7 @@ At the end the run exports a model-store checkpoint (see model_store/) with its 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -21,10 +23,12 @@ from tokenizers import Tokenizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from training.data import encode_documents, random_windows, read_split, split_documents
+from training import WIKITEXT2
+from training.data import DocMode, encode_documents, random_windows, read_split, split_documents
 from training.device import resolve_device
 from training.evaluate import corpus_perplexity, sentence_scores
 from training.model import GPT, GPTConfig
+from training.options import option
 from training.report import plot_loss_curve, write_gpt_card
 from training.tokenizer import eos_id, train_bpe
 
@@ -37,31 +41,30 @@ DEFAULT_SENTENCES = [
 
 @dataclass
 class TrainConfig:
-    data: str  # corpus folder with train/valid/test.txt, or an HF dataset id
-    out: str  # run folder: checkpoints, logs, and the exported model
-    tokenizer: str | None = None  # tokenizer.json; trained on the train split if missing
-    vocab_size: int = 8192
-    doc_mode: str = "wikitext"
-    model: GPTConfig = field(default_factory=GPTConfig)
-    batch_size: int = 32  # per process, per micro-step
-    grad_accum: int = 1
-    max_steps: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_interval: int = 200
-    eval_batches: int = 20
-    save_interval: int = 200
-    seed: int = 1337
-    device: str = "auto"
-    amp: str = "auto"  # bf16 autocast: "auto" = on CUDA only, "bf16", "off"
-    compile: bool = False
-    final_eval: bool = True  # full valid/test perplexity + model card at the end
-    export: str | None = None  # also copy the exported model here (e.g. model_store/gpt-wikitext2)
-    stop_at: int | None = None  # end this invocation after this step (checkpoint saved); rerun to resume
-    patience: int | None = None  # end the run after this many evaluations without a new best valid loss
+    out: str = field(metadata={"help": "run folder: checkpoint.pt, best.pt, train_log.jsonl, loss_curve.png, model/"})
+    data: str = option(str(WIKITEXT2), "corpus folder with train/valid/test.txt, or HF id")
+    export: str | None = option(None, "also write the shipped (best) checkpoint to this model-store folder")
+    tokenizer: str | None = option(None, "tokenizer.json to use (default: OUT/tokenizer.json, trained if missing)")
+    doc_mode: DocMode = option("wikitext", "how the text splits into documents (an end-of-text token follows each)")
+    model: GPTConfig = field(default_factory=GPTConfig, metadata={"help": argparse.SUPPRESS})  # the model flags
+    batch_size: int = option(32, "windows per process per micro-step")
+    grad_accum: int = option(1, "micro-steps per optimiser step")
+    max_steps: int = option(2000, "optimiser steps (the cosine schedule ends here)")
+    lr: float = option(1e-3, "peak learning rate")
+    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay")
+    warmup_steps: int = option(100, "linear warmup steps")
+    weight_decay: float = option(0.1, "AdamW weight decay (matrices only)")
+    grad_clip: float = option(1.0, "max global gradient norm")
+    eval_interval: int = option(200, "steps between validation-loss checks")
+    eval_batches: int = option(20, "validation batches per check (the same windows every time)")
+    save_interval: int = option(200, "steps between resumable checkpoints")
+    seed: int = option(1337, "seed for weights and batch order")
+    device: str = option("auto", "auto (CUDA if present), cpu, cuda, cuda:N")
+    amp: Literal["auto", "bf16", "off"] = option("auto", "bf16 autocast: auto = on CUDA only")
+    compile: bool = option(False, "torch.compile the model")
+    final_eval: bool = option(True, "full valid/test perplexity and the model card at the end")
+    stop_at: int | None = option(None, "end this invocation after this step; rerun the command to resume")
+    patience: int | None = option(None, "end the run after this many evaluations without a new best valid loss")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -90,7 +93,7 @@ def load_or_train_tokenizer(cfg: TrainConfig, train_text: str, is_main: bool, di
     path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.out) / "tokenizer.json"
     if not path.exists() and is_main:
         path.parent.mkdir(parents=True, exist_ok=True)
-        train_bpe(split_documents(train_text, cfg.doc_mode), vocab_size=cfg.vocab_size).save(str(path))
+        train_bpe(split_documents(train_text, cfg.doc_mode), vocab_size=cfg.model.vocab_size).save(str(path))
     if distributed:
         dist.barrier()  # the other ranks wait for rank 0's tokenizer
     return Tokenizer.from_file(str(path))

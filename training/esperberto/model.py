@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PretrainedConfig, RobertaConfig, RobertaForMaskedLM
@@ -26,6 +27,7 @@ from training.esperberto.attention import SOFTMAX1
 from training.positions import sinusoidal_encoding
 
 VARIANTS = ("softmax0", "softmax1")
+Preset = Literal["tiny", "small", "full", "rotary-tiny", "rotary-small"]  # the keys of PRESETS
 ARCHITECTURES = ("roberta", "modernbert")
 MaskedLM = RobertaForMaskedLM | ModernBertForMaskedLM
 

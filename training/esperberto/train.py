@@ -13,8 +13,9 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,35 +28,46 @@ from transformers import (
     pipeline,
 )
 
+from training import SHARED_DATA
 from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
-from training.esperberto.model import PRESETS, MaskedLM, build_model, encoder, lm_logits, make_config, save_model
+from training.esperberto.model import (
+    PRESETS,
+    MaskedLM,
+    Preset,
+    build_model,
+    encoder,
+    lm_logits,
+    make_config,
+    save_model,
+)
+from training.options import option
 
 
 @dataclass
 class MLMTrainConfig:
-    data: str  # folder of *.txt (one paragraph per line) or an HF dataset id
-    out: str  # run folder (Trainer checkpoints, logs, best/, model/)
-    variant: str = "softmax0"
-    preset: str = "rotary-small"
-    tokenizer: str | None = None  # tokenizer folder shared by both variants; trained there if missing
-    vocab_size: int | None = None  # default: the preset's
-    dropout: float | None = 0.0  # None: the architecture's default (RoBERTa 0.1)
-    position_init: str = "random"  # or "sinusoidal" (roberta presets, see build_model)
-    block_size: int = 128
-    holdout_every: int = 50
-    batch_size: int = 32
-    max_steps: int = 3000
-    lr: float = 5e-4
-    warmup_steps: int = 300
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.98
-    mlm_probability: float = 0.25  # more predictions per step than BERT's 15% (Wettig et al. 2022)
-    eval_steps: int = 250
-    eval_blocks: int = 200  # the fixed held-out slice scored every eval_steps
-    seed: int = 42
-    bf16: bool = False  # autocast (CPU: AVX-512 bf16; CUDA: tensor cores)
-    threads: int | None = None  # torch intra-op threads (1 each when two runs share 2 cores)
-    export: str | None = None  # also write the best checkpoint to this model-store folder
+    out: str = field(metadata={"help": "run folder (Trainer checkpoints, heldout_log.jsonl, best/, model/)"})
+    variant: Literal["softmax0", "softmax1"] = field(metadata={"help": "attention normaliser"})
+    data: str = option(str(SHARED_DATA / "esperanto"), "folder of *.txt (a paragraph a line), or HF dataset id")
+    export: str | None = option(None, "also write the best checkpoint to this model-store folder")
+    tokenizer: str | None = option(None, "tokenizer folder shared by both variants (trained there if missing)")
+    preset: Preset = option("rotary-small", "size and architecture: rotary-* = ModernBERT (shipped), others RoBERTa")
+    vocab_size: int | None = option(None, "BPE vocabulary (default: the preset's)")
+    dropout: float = option(0.0, "dropout everywhere (RoBERTa's own default, as in the original study: 0.1)")
+    position_init: Literal["random", "sinusoidal"] = option("random", "initial position embeddings (RoBERTa)")
+    block_size: int = option(128, "tokens per training block, <s> and </s> included")
+    holdout_every: int = option(50, "every N-th line is held out for evaluation")
+    batch_size: int = option(32, "blocks per step")
+    max_steps: int = option(3000, "optimiser steps")
+    lr: float = option(5e-4, "peak learning rate (linear warmup and decay)")
+    warmup_steps: int = option(300, "linear warmup steps")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    adam_beta2: float = option(0.98, "AdamW beta2")
+    mlm_probability: float = option(0.25, "share of tokens masked in training (more than BERT's 15 %: Wettig 2022)")
+    eval_steps: int = option(250, "steps between evaluations and checkpoints")
+    eval_blocks: int = option(200, "held-out blocks scored every eval_steps (a fixed slice)")
+    seed: int = option(42, "seed for weights, data order and masks")
+    bf16: bool = option(False, "bf16 autocast (CPU: AVX-512 bf16; CUDA: tensor cores)")
+    threads: int | None = option(None, "torch intra-op threads (default: all cores; 1 each when two runs share 2)")
 
 
 class MaskedPositionsTrainer(Trainer):
