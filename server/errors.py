@@ -1,4 +1,8 @@
-"""Every client error is a 4xx JSON body that names the field and the rule: {"error", "error_type", "field"}."""
+"""Every client error is a 4xx JSON body that names the field and the rule: {"error", "error_type", "field"}.
+
+Under /v1 (the OpenAI-compatible API) the same error has OpenAI's shape, which its clients and tools
+parse: {"error": {"message", "type", "param", "code"}}.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,25 @@ def error_body(message: str, error_type: str, field: str | None = None) -> dict:
     return {"error": message, "error_type": error_type, "field": field}
 
 
+def openai_error_body(message: str, error_type: str, field: str | None, status: int) -> dict:
+    """OpenAI's error object: `type` by status class, our error type as `code`, the field as `param`."""
+    kind = "server_error" if status >= 500 else "rate_limit_error" if status == 429 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": field, "code": error_type}}
+
+
+def error_payload(path: str, status: int, message: str, error_type: str, field: str | None = None, **extra) -> dict:
+    """The error in the shape its API speaks: OpenAI's under /v1, ours elsewhere."""
+    if path.startswith("/v1/"):
+        return openai_error_body(message, error_type, field, status)
+    return {**error_body(message, error_type, field), **extra}
+
+
+def error_response(request: Request, status: int, message: str, error_type: str, field: str | None = None,
+                   headers: dict[str, str] | None = None, **extra) -> JSONResponse:  # fmt: skip
+    body = error_payload(request.url.path, status, message, error_type, field, **extra)
+    return JSONResponse(body, status, headers=headers)
+
+
 def _field_name(loc: tuple) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or "body"
@@ -38,11 +61,11 @@ def _field_name(loc: tuple) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.error_type, exc.field), exc.status, headers=exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(request, exc.status, exc.message, exc.error_type, exc.field, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         field = _field_name(tuple(first.get("loc", ())))
@@ -51,8 +74,8 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message = f"{field}: {first['msg']}"
         details = [{"field": _field_name(tuple(e.get("loc", ()))), "rule": e.get("msg", "")} for e in errors]
-        return JSONResponse({**error_body(message, "validation", field), "details": details}, 422)
+        return error_response(request, 422, message, "validation", field, details=details)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), "http"), exc.status_code, headers=getattr(exc, "headers", None))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(request, exc.status_code, str(exc.detail), "http", None, getattr(exc, "headers", None))

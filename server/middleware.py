@@ -12,12 +12,14 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_body
+from server.errors import error_payload
 from server.metrics import Metrics
 
 
-async def _reject(send: Send, status: int, message: str, error_type: str, headers: list | None = None) -> None:
-    body = json.dumps(error_body(message, error_type)).encode()
+async def _reject(
+    scope: Scope, send: Send, status: int, message: str, error_type: str, headers: list | None = None
+) -> None:
+    body = json.dumps(error_payload(scope["path"], status, message, error_type)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -66,7 +68,7 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await _reject(send, 413, f"request body over {self.max_bytes} bytes", "too_large")
+            return await _reject(scope, send, 413, f"request body over {self.max_bytes} bytes", "too_large")
         seen = 0
 
         async def limited() -> Message:
@@ -80,7 +82,7 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited, send)
         except BodyTooLarge:
-            await _reject(send, 413, f"request body over {self.max_bytes} bytes", "too_large")
+            await _reject(scope, send, 413, f"request body over {self.max_bytes} bytes", "too_large")
 
 
 class BodyTooLarge(Exception):
@@ -104,6 +106,7 @@ class BearerAuth:
         scheme, _, given = auth.partition(b" ")
         if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.token):
             return await _reject(
+                scope,
                 send,
                 401,
                 "missing or wrong bearer token (header Authorization: Bearer <token>)",

@@ -57,3 +57,17 @@ def store(tmp_path_factory, tiny_tokenizer):
         (folder / "metrics.json").write_text("{}")
         write_manifest(folder)
     return root
+
+
+def error_of(response) -> dict:
+    """A 4xx body as {"error", "error_type", "field"}: ours as it is, OpenAI's (under /v1) translated.
+
+    Asserts the shape matches the path: OpenAI clients parse {"error": {"message", "type", "param", "code"}}.
+    """
+    body = response.json()
+    if response.request.url.path.startswith("/v1/"):
+        err = body["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["type"].endswith("_error"), body
+        return {"error": err["message"], "error_type": err["code"], "field": err["param"]}
+    assert isinstance(body["error"], str), body
+    return body

@@ -13,6 +13,7 @@ from server import middleware
 from server.app import create_app
 from server.config import Settings
 from server.metrics import Metrics
+from tests.conftest import error_of
 
 
 @pytest.fixture(scope="module")
@@ -244,14 +245,15 @@ def test_openai_client_prompt_lists_and_n_samples(client):
     for bad in ({"best_of": 2}, {"n": 17}):
         with pytest.raises((BadRequestError, UnprocessableEntityError)) as e:
             oai.completions.create(prompt="x", **{**args, **bad})
-        assert e.value.response.json()["field"] == next(iter(bad))  # the refusal names the field
+        assert error_of(e.value.response)["field"] == next(iter(bad))  # the refusal names the field
 
 
 def test_openai_validation(client):
     r = client.post("/v1/completions", json={"model": "tiny-gpt", "prompt": "x", "temperature": 3})
-    assert r.status_code == 422 and r.json()["field"] == "temperature"
+    assert r.status_code == 422 and error_of(r)["field"] == "temperature"
+    assert r.json()["error"]["type"] == "invalid_request_error"  # OpenAI's shape under /v1
     r = client.post("/v1/completions", json={"model": "missing", "prompt": "x"})
-    assert r.status_code == 404 and r.json()["field"] == "model"
+    assert r.status_code == 404 and error_of(r)["field"] == "model"
 
 
 def test_score(client):

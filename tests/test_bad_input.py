@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from server.config import Settings
+from tests.conftest import error_of
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ RAW_BODIES = [
 def test_nasty_body_gets_a_clear_4xx(client, path, body):
     r = client.post(path, content=body, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
-    err = r.json()
+    err = error_of(r)
     assert err["error"] and err["error_type"]
     if err["error_type"] == "validation" and not err["error"].startswith("malformed JSON"):
         assert err["field"] and err["error"].startswith(err["field"]), err  # names the field, then the rule
@@ -74,7 +75,7 @@ def test_nasty_body_gets_a_clear_4xx(client, path, body):
 )
 def test_named_rejections(client, path, body, status, field):
     r = client.post(path, json=body)
-    assert r.status_code == status and r.json()["field"] == field, r.text
+    assert r.status_code == status and error_of(r)["field"] == field, r.text
 
 
 def test_caps_apply_instead_of_failing(client):
@@ -96,4 +97,4 @@ def test_caps_apply_instead_of_failing(client):
 )
 def test_nul_characters_are_refused(client, path, body, field):
     r = client.post(path, json=body)
-    assert r.status_code == 422 and r.json()["field"].startswith(field) and "NUL" in r.json()["error"], r.text
+    assert r.status_code == 422 and error_of(r)["field"].startswith(field) and "NUL" in error_of(r)["error"], r.text

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from server.dependencies import AppSettings, Registry
 from server.engine import FinishEvent, TokenEvent
-from server.errors import APIError, error_body
+from server.errors import APIError, openai_error_body
 from server.registry import ServedModel
 from server.routers.sse import sse_response
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
@@ -105,7 +105,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
                 elif isinstance(e, FinishEvent):
                     yield chunk(i, e.tail, OPENAI_FINISH[e.reason])
         except APIError as err:
-            yield {"data": json.dumps({"error": error_body(err.message, err.error_type, err.field)})}
+            yield {"data": json.dumps(openai_error_body(err.message, err.error_type, err.field, err.status))}
         yield {"data": "[DONE]"}
 
     return sse_response(stream(), settings)
