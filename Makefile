@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml requirements.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,ray]"
 	touch $@
 
 # The main job: serve every checkpoint in model_store/ over HTTP (TINYSERVE_* variables configure it).

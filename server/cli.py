@@ -1,6 +1,7 @@
 """`tinyserve`: one command for the product's jobs, each handled by its own module's parser.
 
 tinyserve serve [--port 9000 ...]            python -m server
+tinyserve serve-ray [--max-replicas 4 ...]   python -m server.ray_serve (Ray Serve replicas; extra: [ray])
 tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
 tinyserve eval|complete|kurtosis|experiments  python -m training eval|complete|kurtosis|experiments
 """
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="tinyserve", description=__doc__.splitlines()[0].split(": ", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", help="serve the model store over HTTP (options: tinyserve serve --help)", add_help=False)
+    sub.add_parser("serve-ray", help="serve as Ray Serve replicas (tinyserve serve-ray --help)", add_help=False)
     train = sub.add_parser("train", help="train a model: gpt, esperberto or a tokenizer", add_help=False)
     train.add_argument("what", choices=TRAIN, nargs="?")
     for name in TRAINING_TOOLS:
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> None:
         from server.__main__ import main as serve
 
         return serve(rest)
+    if args.command == "serve-ray":
+        from server.ray_serve import main as serve_ray
+
+        return serve_ray(rest)
     from training.__main__ import main as training
 
     if args.command == "train":
