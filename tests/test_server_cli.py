@@ -45,7 +45,8 @@ def test_tinyserve_dispatches_to_each_modules_own_parser(capsys):
     assert exit_info.value.code == 2 and "gpt, esperberto, tokenizer" in capsys.readouterr().err
     for argv, prog in ((["train", "esperberto", "--help"], "python -m training esperberto"),
                        (["kurtosis", "--help"], "python -m training kurtosis"),
-                       (["serve", "--help"], "python -m server")):  # fmt: skip
+                       (["serve", "--help"], "python -m server"),
+                       (["serve-ray", "--help"], "tinyserve serve-ray")):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0 and f"usage: {prog}" in capsys.readouterr().out, argv

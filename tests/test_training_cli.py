@@ -99,3 +99,10 @@ def documented_commands() -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize("where, argv", documented_commands())
 def test_documented_commands_parse(where, argv):
     build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["gpt", "esperberto", "experiments", "tokenizer", "eval", "complete", "pilots"])
+def test_every_help_renders(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0 and f"python -m training {command}" in capsys.readouterr().out
