@@ -8,14 +8,11 @@ tokenizer (the word-level perplexity the bar is written in, estimated from the f
 from __future__ import annotations
 
 import json
-import math
-import shlex
 from functools import cache
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from training import WIKITEXT2
 from training.data import encode_documents, read_split, split_documents
 from training.tokenizer import eos_id
 
@@ -28,45 +25,45 @@ def tokens_per_word(tokenizer_path: str, data: str, doc_mode: str) -> float:
 
 
 def pilot_row(run: Path) -> dict:
-    """One pilot's figures: its settings, size, and dev loss along the way and at the end."""
-    card = json.loads((run / "model" / "config.json").read_text())
+    """One pilot's figures from its run_config.json and train_log.jsonl (a pilot stopped early included)."""
+    run_config = json.loads((run / "run_config.json").read_text())
+    cfg, m = run_config["config"], run_config["config"]["model"]
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-    command = (run / "model" / "README.md").read_text().split("- Command: `")[1].split("`")[0]
-    args = shlex.split(command)
-    option = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-    ratio = tokens_per_word(option["--tokenizer"], option.get("--data", str(WIKITEXT2)), "wikitext")
+    ratio = tokens_per_word(cfg["tokenizer"], cfg["data"], cfg["doc_mode"])
     last = log[-1]
     return {
         "name": run.name,
-        "shape": f"{card['n_layer']} x {card['d_model']}",
-        "positions": card.get("positions", "sinusoidal"),
-        "vocab": card["vocab_size"],
-        "context": card["context_length"],
-        "lr": option.get("--lr"),
-        "dropout": card["dropout"],
-        "weight_decay": option.get("--weight-decay"),
-        "params": json.loads((run / "metrics.json").read_text())["parameters"],
-        "steps": last["step"],
+        "shape": f"{m['n_layer']} x {m['d_model']}",
+        "positions": m["positions"],
+        "vocab": m["vocab_size"],
+        "context": m["context_length"],
+        "lr": cfg["lr"],
+        "dropout": m["dropout"],
+        "weight_decay": cfg["weight_decay"],
+        "params": run_config["parameters"],
+        "steps": f"{last['step']} of {cfg['max_steps']}",
         "curve": {e["step"]: e["valid_loss"] for e in log},
-        "best_valid": min(e["valid_loss"] for e in log),
         "final_train": last["train_loss"],
-        "final_valid": last["valid_loss"],
-        "word_ppl": math.exp(last["valid_loss"] * ratio),
         "tokens_per_word": ratio,
     }
 
 
-def pilot_table(runs: Path, names: list[str]) -> str:
-    """Markdown: one line a pilot, the given order (the first is the baseline the others are read against)."""
-    rows = [pilot_row(runs / n) for n in names if (runs / n / "metrics.json").exists()]
-    checkpoints = sorted({s for r in rows for s in r["curve"]})[-3:]
-    head = ["pilot", "layers x width", "positions", "vocab", "context", "lr", "dropout", "wd", "parameters"]
-    head += [f"dev loss @{s}" for s in checkpoints] + ["best dev loss", "final train loss", "dev word ppl (est.)"]
+def pilot_table(runs: Path, names: list[str], columns: int = 6) -> str:
+    """Markdown, one line a pilot in the given order. The first is the baseline the others are read
+    against: dev loss per token at the last `columns` evaluations, and per word at the last step each
+    pilot shares with the baseline (pilots stopped early are compared where they stopped)."""
+    rows = [pilot_row(runs / n) for n in names if (runs / n / "run_config.json").exists()]
+    steps = sorted({s for r in rows for s in r["curve"]})[-columns:]
+    head = ["pilot", "layers x width", "positions", "vocab", "context", "lr", "dropout", "wd", "parameters", "steps"]
+    head += [f"dev loss @{s}" for s in steps] + ["dev nats/word (pilot vs baseline @step)", "last train loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = rows[0]
     for r in rows:
+        shared = max(s for s in r["curve"] if s in base["curve"])
+        per_word = (r["curve"][shared] * r["tokens_per_word"], base["curve"][shared] * base["tokens_per_word"])
         cells = [r["name"], r["shape"], r["positions"], r["vocab"], r["context"], r["lr"], r["dropout"]]
-        cells += [r["weight_decay"], f"{r['params']:,}"]
-        cells += [f"{r['curve'][s]:.3f}" if s in r["curve"] else "" for s in checkpoints]
-        cells += [f"{r['best_valid']:.3f}", f"{r['final_train']:.3f}", f"{r['word_ppl']:.0f}"]
+        cells += [r["weight_decay"], f"{r['params']:,}", r["steps"]]
+        cells += [f"{r['curve'][s]:.3f}" if s in r["curve"] else "" for s in steps]
+        cells += [f"{per_word[0]:.3f} vs {per_word[1]:.3f} @{shared}", f"{r['final_train']:.3f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

@@ -171,6 +171,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
     if is_main:
         n_params, n_tokens = model.num_parameters(), len(train_stream)
+        run = {"command": command, "parameters": n_params, "train_tokens": n_tokens, "config": asdict(cfg)}
+        (out / "run_config.json").write_text(json.dumps(run, indent=2) + "\n")  # what a partial run was
         print(f"{n_params:,} parameters, {n_tokens:,} train tokens, {tokens_per_step:,} tokens/step, device {device}")
     start_time = time.time() - (log[-1]["elapsed_s"] if log else 0.0)
     model.train()
