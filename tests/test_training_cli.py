@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from training.__main__ import build_parser, gpt_train_config
+from training.__main__ import build_parser, configs, gpt_train_config
 from training.esperberto.train import MLMTrainConfig
 from training.experiments import ExperimentConfig
 from training.model import GPTConfig
@@ -50,13 +50,11 @@ def test_dual_variants_split_the_heads():
 
 
 def test_esperberto_and_experiments_flags_come_from_their_configs():
-    from transformers import HfArgumentParser
-
     args = build_parser().parse_args(["esperberto", "--variant", "softmax1", "--out", "r", "--bf16", "--threads", "1"])
-    (cfg,) = HfArgumentParser([MLMTrainConfig]).parse_dict(vars(args), allow_extra_keys=True)
+    (cfg,) = configs(args, MLMTrainConfig)
     assert (cfg.variant, cfg.bf16, cfg.threads, cfg.lr) == ("softmax1", True, 1, MLMTrainConfig.lr)
     args = build_parser().parse_args(["experiments", "--steps", "9", "--variants", "dot", "rope"])
-    (exp,) = HfArgumentParser([ExperimentConfig]).parse_dict(vars(args), allow_extra_keys=True)
+    (exp,) = configs(args, ExperimentConfig)
     assert (exp.max_steps, exp.variants, exp.export) == (9, ["dot", "rope"], [])
 
 

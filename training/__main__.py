@@ -154,6 +154,11 @@ def run_tokenizer(args) -> None:
     print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
 
 
+def configs(args, *types) -> tuple:
+    """The config dataclasses a subcommand's flags fill (its parser was built from the same types)."""
+    return HfArgumentParser(list(types)).parse_dict(vars(args), allow_extra_keys=True)
+
+
 def gpt_train_config(args):
     """The run's TrainConfig (model included) from the parsed `gpt` flags and the --variant preset."""
     from dataclasses import replace
@@ -162,7 +167,7 @@ def gpt_train_config(args):
     from training.trainer import TrainConfig
     from training.variants import variant_overrides
 
-    cfg, model = HfArgumentParser([TrainConfig, GPTConfig]).parse_dict(vars(args), allow_extra_keys=True)
+    cfg, model = configs(args, TrainConfig, GPTConfig)
     variant = variant_overrides(args.variant)
     if "n_relational_head" in variant:  # dual attention: half of the heads become relational
         variant |= {"n_head": model.n_head // 2, "n_relational_head": model.n_head - model.n_head // 2}
@@ -216,14 +221,14 @@ def run_complete(args) -> None:
 def run_esperberto(args) -> None:
     from training.esperberto.train import MLMTrainConfig, train_mlm
 
-    (cfg,) = HfArgumentParser([MLMTrainConfig]).parse_dict(vars(args), allow_extra_keys=True)
+    (cfg,) = configs(args, MLMTrainConfig)
     train_mlm(cfg, command=args.command_line)
 
 
 def run_experiments(args) -> None:
     from training.experiments import ExperimentConfig, run_experiments
 
-    (cfg,) = HfArgumentParser([ExperimentConfig]).parse_dict(vars(args), allow_extra_keys=True)
+    (cfg,) = configs(args, ExperimentConfig)
     run_experiments(cfg)
 
 
