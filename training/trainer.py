@@ -165,8 +165,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
             tmp.replace(path)
 
     def save_checkpoint() -> None:
-        state = {"optimizer": optimizer.state_dict(), "log": json.dumps(log), "rng": torch.get_rng_state()}
-        save({"model": model.state_dict(), "step": step, **state}, ckpt_path)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        save({**state, "log": json.dumps(log), "rng": torch.get_rng_state()}, ckpt_path)
 
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
     if is_main:
