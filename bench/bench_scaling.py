@@ -95,6 +95,7 @@ async def closed_loop(base: str, clients: int, requests: int, tokens: int) -> di
         "p50_s": latencies[len(latencies) // 2],
         "p99_s": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "errors": len(codes) - ok,
+        "error_codes": {code: codes.count(code) for code in set(codes) - {200}},
     }
 
 
@@ -102,7 +103,7 @@ def measure(name: str, server, args: argparse.Namespace) -> dict:
     with server as base:
         base = base[0] if isinstance(base, tuple) else base
         result = asyncio.run(closed_loop(base, args.clients, args.requests, args.tokens))
-    print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), file=sys.stderr)
+    print(name, json.dumps({k: v if isinstance(v, dict) else round(v, 3) for k, v in result.items()}), file=sys.stderr)
     return result
 
 
