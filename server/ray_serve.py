@@ -47,11 +47,14 @@ class ReplicaHeader:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.replica: bytes | None = None  # known once the app runs inside its replica
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        replica = serve.get_replica_context().replica_id.to_full_id_str().encode()
+        if self.replica is None:
+            self.replica = serve.get_replica_context().replica_id.to_full_id_str().encode()
+        replica = self.replica
 
         async def tagged(message: Message) -> None:
             if message["type"] == "http.response.start":

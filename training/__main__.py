@@ -25,7 +25,11 @@ def add_tokenizer_parser(sub) -> None:
         choices=DOC_MODES,
         help="how the text splits into documents",
     )
-    p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size, special tokens included")
+    from training.model import GPTConfig
+
+    p.add_argument(
+        "--vocab-size", type=int, default=GPTConfig.vocab_size, help="BPE vocabulary size, special tokens included"
+    )
     p.add_argument("--out", required=True, help="where to write tokenizer.json")
 
 
