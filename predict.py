@@ -121,7 +121,9 @@ class Predictor(BasePredictor):
 
     def _fill_mask(self, model_id: str, prompt: str, top_n: int) -> Iterator[str]:
         for m in fill_mask_models(self.registry, None if model_id == AUTO else model_id, "both"):
-            result = fill_mask(m, prompt.replace("[MASK]", m.tokenizer.mask_token), top_n, None)
+            result = self.registry.compute.call(
+                fill_mask, m, prompt.replace("[MASK]", m.tokenizer.mask_token), top_n, None
+            )
             per_mask = result if isinstance(result[0], list) else [result]
             yield f"{m.id} ({m.normaliser})\n"
             for i, candidates in enumerate(per_mask, 1):
@@ -132,5 +134,7 @@ class Predictor(BasePredictor):
         m = find_model(
             self.registry, None if model_id == AUTO else model_id, "gpt" if model_id == AUTO else None, "model"
         )
-        result = attention(m, prompt, None if layer < 0 else [layer], None if head < 0 else [head])
+        result = self.registry.compute.call(
+            attention, m, prompt, None if layer < 0 else [layer], None if head < 0 else [head]
+        )
         return "data:image/png;base64," + base64.b64encode(attention_png(result)).decode()

@@ -1,10 +1,10 @@
 """Continuous-batching text generation for the from-scratch GPT.
 
-One worker thread owns the model. Between two decode steps it admits waiting requests (prefill, then
-join the running batch) and drops finished, cancelled or timed-out ones, so requests join and leave
-the batch independently. The batch's KV cache is right-aligned: every row's newest token is in the
-last column, older rows are left-padded, and per-row position ids and a padding mask make one
-forward pass correct for rows of different lengths.
+The compute thread (server/compute.py) drives the engine. Between two decode steps it admits
+waiting requests (prefill, then join the running batch) and drops finished, cancelled or timed-out
+ones, so requests join and leave the batch independently. Each running request owns a slot of a
+static KV cache (server/decode_step.py): the decode step has the same shapes at every step, so it
+can be compiled, and a finished request's slot is refilled by moving the last one into it.
 
 Results go back through a per-request callback (`sink`), which the HTTP layer points at an asyncio
 queue and synchronous callers at a plain queue.
@@ -23,6 +23,8 @@ import torch
 from tokenizers import Tokenizer
 
 from model_store import GPT, KVCache
+from server.compute import ComputeThread
+from server.decode_step import DecodeStep
 from server.detokenizer import Detokenizer
 from training.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 
@@ -115,6 +117,7 @@ class GenerationEngine:
         max_batch_size: int = 32,
         max_queue: int = 64,
         max_prefill_tokens: int = 4096,
+        decode_step: DecodeStep | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -124,28 +127,25 @@ class GenerationEngine:
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
         self.device = next(model.parameters()).device
+        self.decode = decode_step or DecodeStep(model, max_batch_size)
         self.stats = EngineStats()
+        self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
-        self._rows: list[_Row] = []
-        self._cache: KVCache | None = None
-        self._mask: torch.Tensor | None = None  # (B, S) 1 = real token
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._rows: list[_Row] = []  # row i owns slot i of the decode step's cache
+        self._own_thread: ComputeThread | None = None
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- lifecycle (an engine used on its own: tests, benchmarks) -------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
-        self._thread.start()
+        """Run on a compute thread of its own (the server attaches its engines to the shared one)."""
+        self._own_thread = ComputeThread(f"engine-{id(self):x}")
+        self._own_thread.attach(self)
+        self._own_thread.start()
 
     def stop(self) -> None:
-        """Cancel everything and end the worker thread."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._own_thread is not None:
+            self._own_thread.stop()
 
     # -- submitting ----------------------------------------------------------------------------
 
@@ -162,42 +162,47 @@ class GenerationEngine:
         if len(prompt_ids) >= self.context_length:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.context_length}")
         req = GenerationRequest(prompt_ids, params, sink, timeout_s)
-        with self._wake:
+        with self._lock:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests waiting (max_queue={self.max_queue})")
             self._waiting.append(req)
             self.stats.queued = len(self._waiting)
-            self._wake.notify()
+        self.wake()
         return req
 
-    # -- the worker ----------------------------------------------------------------------------
+    # -- the scheduling loop, one iteration per call from the compute thread ---------------------
 
-    def _run(self) -> None:
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._rows)
+
+    def run_once(self) -> None:
+        """Admit what fits in the batch, then one decode step; an error fails the batch, not the engine."""
+        with self._lock:
+            admitted = []
+            while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
+                admitted.append(self._waiting.popleft())
+            self.stats.queued = len(self._waiting)
         with torch.inference_mode():
-            while True:
-                with self._wake:
-                    while not self._stopping and not self._waiting and not self._rows:
-                        self._wake.wait()
-                    if self._stopping:
-                        break
-                    admitted = []
-                    while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
-                        admitted.append(self._waiting.popleft())
-                    self.stats.queued = len(self._waiting)
-                self._admit(admitted)
-                try:
-                    self._step()
-                except Exception as e:  # e.g. out of memory: fail the batch, keep serving
-                    for row in self._rows:
-                        self._finish(row, "error", f"{type(e).__name__}: {e}")
-                    self._rows, self._cache, self._mask = [], None, None
+            self._admit(admitted)
+            try:
+                self._step()
+            except Exception as e:  # e.g. out of memory: fail the batch, keep serving
+                for row in self._rows:
+                    self._finish(row, "error", f"{type(e).__name__}: {e}")
+                self._rows = []
+
+    def cancel_all(self, message: str) -> None:
+        """Finish every running and waiting request as cancelled (shutdown)."""
         for row in self._rows:
-            self._finish(row, "cancelled", "server shutting down")
-        for req in self._waiting:
-            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), "server shutting down"))
+            self._finish(row, "cancelled", message)
+        self._rows = []
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for req in waiting:
+            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), message))
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
-        """Prefill the new prompts together, a few at a time, then join their caches to the running batch.
+        """Prefill the new prompts together, a few at a time, each into a free slot of the cache.
 
         Prompts are sorted by length and grouped so that a group's padded size stays within
         max_prefill_tokens: one forward pass per group instead of one per request (time to first
@@ -219,7 +224,7 @@ class GenerationEngine:
             self._prefill(group)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
-        """One forward pass over left-padded prompts (B, T); the rows' caches come out right-aligned."""
+        """One forward pass over left-padded prompts (B, T); each row's keys and values go to its slot."""
         T = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((len(reqs), T), self.eos_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), T), dtype=torch.long)
@@ -245,49 +250,38 @@ class GenerationEngine:
                 self._emit(reqs[0], FinishEvent("error", "", 0, len(reqs[0].prompt_ids), f"{type(e).__name__}: {e}"))
             return
         self.stats.prefill_passes += 1
-        for req, row_logits in zip(reqs, logits, strict=True):
+        for i, (req, row_logits) in enumerate(zip(reqs, logits, strict=True)):
+            self.decode.write(len(self._rows), cache, i, T - len(req.prompt_ids))
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
             self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
-        if self._cache is None:
-            self._cache, self._mask = cache, mask
-        else:
-            S = max(self._cache.length, cache.length)
-            self._cache = KVCache.concat([self._cache, cache])
-            pad = torch.nn.functional.pad
-            self._mask = torch.cat([pad(self._mask, (S - self._mask.shape[1], 0)), pad(mask, (S - T, 0))])
 
     def _step(self) -> None:
         """Choose one token for every row, retire finished rows, run one batched decode step."""
         if not self._rows:
             return
-        keep = []
-        for i, row in enumerate(self._rows):
-            if self._advance(row):
-                keep.append(i)
-        if len(keep) < len(self._rows):
-            self._rows = [self._rows[i] for i in keep]
+        kept = [row for row in self._rows if self._advance(row)]
+        if len(kept) < len(self._rows):
+            self._compact(kept)
             self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
             if not self._rows:
-                self._cache, self._mask = None, None
                 return
-            idx = torch.tensor(keep, device=self.device)
-            self._cache.select(idx)
-            self._mask = self._mask.index_select(0, idx)
-            pad = int((self._mask.cumsum(1) == 0).sum(1).min())  # columns no remaining row needs
-            if pad:
-                self._cache.trim_left(pad)
-                self._mask = self._mask[:, pad:]
-        last = torch.tensor([[row.generated[-1]] for row in self._rows], device=self.device)
-        positions = torch.tensor([[row.length] for row in self._rows], device=self.device)
-        self._mask = torch.cat([self._mask, torch.ones_like(last)], dim=1)
-        mask = None if bool(self._mask.all()) else self._mask  # unpadded: the kernel's fast path
-        logits = self.model(last, attention_mask=mask, position_ids=positions, kv_cache=self._cache).logits
-        logits = logits[:, -1].float().cpu()
+        logits = self.decode([row.generated[-1] for row in self._rows], [row.length for row in self._rows])
         for row, row_logits in zip(self._rows, logits, strict=True):
             row.length += 1
             row.logits = row_logits
         self.stats.decode_steps += 1
         self.stats.running = len(self._rows)
+
+    def _compact(self, kept: list[_Row]) -> None:
+        """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
+        slot = {id(row): i for i, row in enumerate(self._rows)}
+        n = len(kept)
+        movers = [row for row in kept if slot[id(row)] >= n]
+        holes = sorted(set(range(n)) - {slot[id(row)] for row in kept})
+        for row, hole in zip(movers, holes, strict=True):
+            self.decode.move(slot[id(row)], hole, row.length)
+        at = dict(zip(map(id, movers), holes, strict=True))
+        self._rows = sorted(kept, key=lambda row: at.get(id(row), slot[id(row)]))
 
     def _advance(self, row: _Row) -> bool:
         """Sample the row's next token and report it; False when the row is finished."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
+from server.compute import ComputeThread
 from server.config import Settings
 from server.engine import GenerationEngine
 from training.device import resolve_device
@@ -52,9 +53,14 @@ class ModelRegistry:
     settings: Settings
     models: dict[str, ServedModel] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # id -> why it is not served
+    compute: ComputeThread = field(default_factory=ComputeThread)  # every torch op of the models runs on it
 
     def load_all(self) -> None:
-        """Load every requested checkpoint; a bad one is refused (and reported), the others serve."""
+        """Load every requested checkpoint on the compute thread (started here); a bad one is refused."""
+        self.compute.start()
+        self.compute.call(self._load_all)
+
+    def _load_all(self) -> None:
         device = resolve_device(self.settings.device)
         dtype = resolve_dtype(self.settings.dtype, device)
         wanted = set(self.settings.models) if self.settings.models else None
@@ -67,7 +73,10 @@ class ModelRegistry:
             try:
                 if not info.ok:
                     raise CheckpointError(info.path, info.error or "invalid")
-                self.models[info.id] = self._load(info.id, info.path, info.architecture, device, dtype)
+                self.models[info.id] = served = self._load(info.id, info.path, info.architecture, device, dtype)
+                self.compute.guard(served.model)
+                if served.engine is not None:
+                    self.compute.attach(served.engine)
                 log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
             except CheckpointError as e:
                 log.error("refused %s: %s", info.id, e)
@@ -130,20 +139,21 @@ class ModelRegistry:
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:
-        """Start the engines and warm every model up with one tiny request."""
+        """Warm every model up with one tiny request (the engines run on the compute thread)."""
         for m in self.models.values():
             if m.engine is not None:
-                m.engine.start()
                 m.engine.generate([m.model.config.eos_token_id], SamplingParams(max_new_tokens=2, temperature=0))
             else:
-                with torch.inference_mode():
-                    ids = m.tokenizer("warm up", return_tensors="pt").to(next(m.model.parameters()).device)
-                    m.model(**ids)
+                self.compute.call(self._warm_up_mlm, m)
+
+    @staticmethod
+    @torch.inference_mode()
+    def _warm_up_mlm(m: ServedModel) -> None:
+        m.model(**m.tokenizer("warm up", return_tensors="pt").to(next(m.model.parameters()).device))
 
     def stop(self) -> None:
-        for m in self.models.values():
-            if m.engine is not None:
-                m.engine.stop()
+        """Cancel what is running and end the compute thread."""
+        self.compute.stop()
 
     def get(self, model_id: str, kind: str | None = None) -> ServedModel:
         try:

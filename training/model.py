@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.kv_cache import KVCache
+from training.kv_cache import KVCache, StaticKVCache
 from training.options import option
 from training.positions import rope, sinusoidal_encoding
 from training.relational import RelationalAttention
@@ -175,7 +175,7 @@ class CausalSelfAttention(nn.Module):
         key_padding: torch.Tensor | None,  # (B, 1, 1, S) bool, True = a real token; None = no padding
         positions: torch.Tensor,  # (B, T) position ids of the new tokens
         layer: int,
-        kv_cache: KVCache | None,
+        kv_cache: KVCache | StaticKVCache | None,
         return_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
@@ -194,7 +194,7 @@ class CausalSelfAttention(nn.Module):
             rel_queries, rel_cached = self.relational.project(x, positions, self.use_rope)
             cached += rel_cached
         if kv_cache is not None:
-            cached = kv_cache.update(layer, *cached)  # each (B, *, S, *)
+            cached = kv_cache.update(layer, positions, *cached)  # each (B, *, S, *)
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
@@ -210,7 +210,8 @@ class CausalSelfAttention(nn.Module):
             y = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, D)
         if self.relational is not None:
             normalise = partial(self._weights, mask=mask, key_padding=key_padding)
-            y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p)
+            query_columns = positions if isinstance(kv_cache, StaticKVCache) else None  # column = position
+            y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p, query_columns)
             y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
@@ -304,10 +305,15 @@ class GPT(nn.Module):
         *,
         attention_mask: torch.Tensor | None = None,  # (B, S) 1 = real token, 0 = padding
         position_ids: torch.Tensor | None = None,  # (B, T), each < S; default: cache length + 0..T-1
-        kv_cache: KVCache | None = None,
+        kv_cache: KVCache | StaticKVCache | None = None,
         return_attention: bool = False,
     ) -> GPTOutput:
         B, T = idx.shape
+        if isinstance(kv_cache, StaticKVCache):  # fixed shapes for a compiled step: position_ids required
+            mask = kv_cache.visible(position_ids)  # (B, 1, T, context)
+            return self._blocks(
+                idx, position_ids, kv_cache.context, mask, mask[:, :, -1:], kv_cache, return_attention, targets
+            )
         past = kv_cache.length if kv_cache is not None else 0
         S = past + T
         if position_ids is None:
@@ -322,7 +328,10 @@ class GPT(nn.Module):
             mask = self._attention_mask(B, T, past, attention_mask, idx.device)
         if attention_mask is not None:
             key_padding = attention_mask.bool().view(B, 1, 1, S)
+        return self._blocks(idx, position_ids, S, mask, key_padding, kv_cache, return_attention, targets)
 
+    def _blocks(self, idx, position_ids, S, mask, key_padding, kv_cache, return_attention, targets) -> GPTOutput:
+        """Embeddings, the blocks, the LM head (and the loss when targets are given); S keys per query."""
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
         if self.config.positions == "sinusoidal":
             if S <= self.pe_table.shape[0]:

@@ -59,7 +59,10 @@ class RelationalAttention(nn.Module):
             cached.append(symbols.view(B, T, self.n_head, self.head_dim).transpose(1, 2))  # (B, H, T, D)
         return (q, q_rel), cached
 
-    def forward(self, queries, cached, normalise, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, queries, cached, normalise, dropout_p: float, query_columns: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """query_columns (B, T): the cache column of each query when it is not the last T (a static cache)."""
         (q, q_rel), (k, k_rel, *symbols) = queries, cached
         T, S = q.shape[2], k.shape[2]
         alpha = normalise((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim))  # (B, H, T, S)
@@ -68,8 +71,12 @@ class RelationalAttention(nn.Module):
         y = torch.einsum("bhts,brts,hrd->bhtd", a, relations, self.w_r)  # (B, H, T, D)
         if symbols:
             y = y + a @ symbols[0]
-        else:  # query i sits in column S - T + t; distances beyond the table only occur for masked keys
-            dist = torch.arange(S - T, S, device=q.device).view(T, 1) - torch.arange(S, device=q.device).view(1, S)
-            table = self.rel_symbols[dist.clamp(0, self.rel_symbols.shape[0] - 1)]  # (T, S, H, D)
-            y = y + torch.einsum("bhts,tshd->bhtd", a, table.to(a.dtype))
+        else:  # distances beyond the table only occur for masked keys
+            keys = torch.arange(S, device=q.device)
+            if query_columns is None:  # query t sits in column S - T + t, in every row
+                dist, spec = torch.arange(S - T, S, device=q.device).view(T, 1) - keys, "bhts,tshd->bhtd"  # (T, S)
+            else:
+                dist, spec = query_columns.unsqueeze(-1) - keys, "bhts,btshd->bhtd"  # (B, T, S)
+            table = self.rel_symbols[dist.clamp(0, self.rel_symbols.shape[0] - 1)]  # (*, T, S, H, D)
+            y = y + torch.einsum(spec, a, table.to(a.dtype))
         return y, alpha

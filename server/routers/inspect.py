@@ -1,8 +1,9 @@
-"""POST /score, POST /attention, POST /fill-mask."""
+"""POST /score, POST /attention, POST /fill-mask: their forward passes run on the compute thread."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
 
 from server import inspection
 from server.dependencies import Registry
@@ -20,22 +21,22 @@ router = APIRouter(tags=["inspection"])
 
 
 @router.post("/score", response_model=ScoreResponse)
-def score(body: ScoreRequest, registry: Registry) -> dict:
+async def score(body: ScoreRequest, registry: Registry) -> dict:
     """Per-token log-probabilities, mean loss and perplexity of a text under a completion model."""
     m = find_model(registry, body.model, "gpt", "model")
-    return inspection.score(m, body.text, body.top_n_tokens)
+    return await registry.compute.run(inspection.score, m, body.text, body.top_n_tokens)
 
 
 PNG_RESPONSE = {200: {"content": {"image/png": {}}, "description": "JSON, or a PNG when format=png"}}
 
 
 @router.post("/attention", response_model=AttentionResponse, responses=PNG_RESPONSE)
-def attention(body: AttentionRequest, registry: Registry):
+async def attention(body: AttentionRequest, registry: Registry):
     """Attention weights per layer and head for any served model, as JSON (bertviz shape) or a PNG grid."""
     m = find_model(registry, body.model, None, "model")
-    result = inspection.attention(m, body.text, body.layers, body.heads)
-    if body.format == "png":
-        return Response(inspection.attention_png(result), media_type="image/png")
+    result = await registry.compute.run(inspection.attention, m, body.text, body.layers, body.heads)
+    if body.format == "png":  # drawing is not torch work: a worker thread, off the event loop
+        return Response(await run_in_threadpool(inspection.attention_png, result), media_type="image/png")
     w = result.pop("weights")
     result["attention"] = [[layer.tolist()] for layer in w]  # (L, 1, H, T, T)
     result["row_sums"] = w.sum(-1).mean(-1).tolist()
@@ -43,7 +44,10 @@ def attention(body: AttentionRequest, registry: Registry):
 
 
 @router.post("/fill-mask", response_model=FillMaskResponse)
-def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
+async def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
     """Fill <mask> tokens; `variant: both` answers with softmax0 and softmax1 side by side."""
     models = fill_mask_models(registry, body.model, body.variant)
-    return {"results": {m.id: inspection.fill_mask(m, body.inputs, body.top_k, body.targets) for m in models}}
+    fill = inspection.fill_mask
+    return {
+        "results": {m.id: await registry.compute.run(fill, m, body.inputs, body.top_k, body.targets) for m in models}
+    }
