@@ -1,10 +1,12 @@
 """One decode step of the GPT over a static KV cache: eager, or compiled per batch-size bucket.
 
-The engine's running rows own slots 0..n-1 of a `StaticKVCache`. A step over n rows runs on the
-smallest bucket (1, 2, 4, ... max rows) that holds them, padding rows included, so each bucket has
-fixed shapes: its inputs are preallocated tensors written in place, which is what a compiled graph
-(and on CUDA, a captured graph) needs. Until a bucket's compiled step is ready (server/compiled.py
-builds them off the request path), the same step runs eagerly; both give the same tokens.
+The engine's running rows own slots 0..n-1 of a `StaticKVCache`. A step over n rows whose longest
+has p tokens runs on the smallest bucket (b rows, S key columns) that holds them: b in 1, 2, 4, ...
+max rows (padding rows included), S in 64, 128, ... context (reading all `context` columns of every
+row cost as much as the matrix products at 32 rows). Each bucket has fixed shapes: its inputs are
+preallocated tensors written in place, which is what a compiled graph (and on CUDA, a captured
+graph) needs. Until a bucket's compiled step is ready (server/compiled.py builds them off the
+request path), the same step runs eagerly.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from training.kv_cache import StaticKVCache
 StepFn = Callable[..., torch.Tensor]
 
 
-def buckets(max_rows: int) -> list[int]:
-    """Batch sizes with their own shapes: powers of two below max_rows, then max_rows."""
-    sizes = [1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows]
-    return sizes + [max_rows]
+def buckets(limit: int, smallest: int = 1) -> list[int]:
+    """Sizes with their own shapes: smallest, doubling while below limit, then limit."""
+    sizes = [smallest]
+    while sizes[-1] * 2 < limit:
+        sizes.append(sizes[-1] * 2)
+    return [size for size in sizes if size < limit] + [limit]
 
 
 def eager_step(model: GPT, n_layer: int) -> StepFn:
@@ -32,6 +36,7 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
     def step(tokens: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
         per_layer = len(cache) // n_layer
         static = StaticKVCache([list(cache[i * per_layer : (i + 1) * per_layer]) for i in range(n_layer)])
+        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
         return model.forward(tokens, position_ids=positions, kv_cache=static).logits[:, -1]  # (b, vocab)
 
     return step
@@ -41,15 +46,17 @@ class DecodeStep:
     def __init__(self, model: GPT, max_rows: int) -> None:
         self.model = model
         self.max_rows = max_rows
-        self.buckets = buckets(max_rows)
+        self.row_buckets = buckets(max_rows)
+        self.column_buckets = buckets(model.config.context_length, smallest=64)
         self.device = next(model.parameters()).device
         self.cache: StaticKVCache | None = None  # allocated at the first prefill (its shapes come from it)
         self.eager = eager_step(model, model.config.n_layer)
-        self.compiled: dict[int, StepFn] = {}  # bucket -> compiled step, added when ready
-        self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]] = {}
+        self.compiled: dict[tuple[int, int], StepFn] = {}  # (rows, columns) -> compiled step, added when ready
+        self._inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]] = {}
 
-    def bucket(self, rows: int) -> int:
-        return next(b for b in self.buckets if b >= rows)
+    def bucket(self, rows: int, longest: int) -> tuple[int, int]:
+        """The smallest (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
+        return next(b for b in self.row_buckets if b >= rows), next(s for s in self.column_buckets if s >= longest)
 
     def write(self, slot: int, cache: KVCache, row: int, start: int) -> None:
         """A prefilled row (columns start.. of a right-aligned dynamic cache) into a slot."""
@@ -60,19 +67,20 @@ class DecodeStep:
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 
-    def inputs(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """The bucket's fixed input tensors: tokens (b, 1), positions (b, 1), cache views of the first b slots."""
+    def inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The bucket's fixed inputs: tokens (b, 1), positions (b, 1), cache views (b, *, S, *)."""
         if bucket not in self._inputs:
-            zeros = torch.zeros((bucket, 1), dtype=torch.long, device=self.device)
-            self._inputs[bucket] = (zeros, zeros.clone(), self.cache.first(bucket).tensors())
+            zeros = torch.zeros((bucket[0], 1), dtype=torch.long, device=self.device)
+            self._inputs[bucket] = (zeros, zeros.clone(), self.cache.view(*bucket).tensors())
         return self._inputs[bucket]
 
     def __call__(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """Next-token logits (n, vocab), float32 on the CPU, for n rows in slots 0..n-1."""
-        n, b = len(tokens), self.bucket(len(tokens))
-        tok, pos, cache = self.inputs(b)
+        n = len(tokens)
+        bucket = self.bucket(n, max(positions) + 1)
+        tok, pos, cache = self.inputs(bucket)
         tok[:n, 0] = torch.tensor(tokens)
         pos[:n, 0] = torch.tensor(positions)
         pos[n:] = 0  # padding rows write to column 0 of free slots, which a prefill overwrites
-        logits = self.compiled.get(b, self.eager)(tok, pos, *cache)
+        logits = self.compiled.get(bucket, self.eager)(tok, pos, *cache)
         return logits[:n].float().cpu()

@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny corpus, a tokenizer trained on it, and tiny GPTs built on the fly."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,11 @@ from training.esperberto import build_model, make_config, save_model
 from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.model import GPT, GPTConfig
 from training.tokenizer import eos_id, train_bpe
+
+# Servers built by the tests run float32 and eager unless a test asks otherwise: exact comparisons
+# with transformers, and no background compilation competing with the suite for the CPU.
+os.environ.setdefault("TINYSERVE_DTYPE", "float32")
+os.environ.setdefault("TINYSERVE_COMPILE_DECODE", "false")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_WIKI = FIXTURES / "tiny_wiki"

@@ -105,9 +105,9 @@ class StaticKVCache:
     def context(self) -> int:
         return self.buffers[0][0].shape[2]
 
-    def first(self, rows: int) -> StaticKVCache:
-        """A view of the first `rows` slots (writes go to this cache's buffers)."""
-        return StaticKVCache([[b[:rows] for b in bufs] for bufs in self.buffers])
+    def view(self, rows: int, columns: int) -> StaticKVCache:
+        """The first `rows` slots and `columns` positions, as views: writes go to this cache's buffers."""
+        return StaticKVCache([[b[:rows, :, :columns] for b in bufs] for bufs in self.buffers])
 
     def tensors(self) -> list[torch.Tensor]:
         return [b for bufs in self.buffers for b in bufs]

@@ -1,0 +1,114 @@
+"""The compiled decode step: exact against eager for every GPT variant, cached per checkpoint, never fatal."""
+
+import logging
+
+import pytest
+import torch
+
+from model_store.store import write_checkpoint
+from server.compiled import StepCompiler, cache_key
+from server.engine import GenerationEngine
+from tests.conftest import tiny_gpt
+from training.sampling import SamplingParams
+
+VARIANTS = {
+    "sinusoidal": {},
+    "rope": {"positions": "rope"},
+    "learned-softmax1": {"positions": "learned", "softmax": "softmax1"},
+    "additive": {"score": "additive"},
+    "dual-relational": {"n_head": 2, "n_relational_head": 2, "positions": "rope"},
+}
+GREEDY = SamplingParams(max_new_tokens=64, temperature=0, eos_bias=float("-inf"))
+
+
+def started(model, **kwargs) -> GenerationEngine:
+    engine = GenerationEngine(model, None, eos_id=0, max_batch_size=2, max_queue=8, **kwargs)
+    engine.tokenizer = _NoText()
+    engine.start()
+    return engine
+
+
+class _NoText:
+    """Token ids are all these tests read: the detokenizer gets empty strings."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_step_gives_the_eager_tokens(variant):
+    model = tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant])
+    prompt = [5, 17, 3, 42, 8, 11, 2, 9]
+    eager = started(model)
+    compiled = started(model)
+    try:
+        want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
+        compiled.generate(prompt, SamplingParams(max_new_tokens=1))  # allocates the static cache
+        compiler = StepCompiler(compiled.decode, None, "test", max_rows=1)
+        for bucket in compiler.buckets:  # (1, 64), (1, 128): build() checks logits within 1e-4
+            compiled.decode.compiled[bucket] = compiler.build(bucket)
+        got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
+    finally:
+        eager.stop()
+        compiled.stop()
+    assert len(got) == 64 and got == want
+
+
+def test_batched_equals_solo_with_compiled_steps():
+    model = tiny_gpt(vocab_size=97, context_length=128, positions="rope")
+    engine = started(model)
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        compiler = StepCompiler(engine.decode, None, "test", max_rows=2)
+        compiler.start()
+        assert compiler.done.wait(600) and not compiler.failed
+        assert set(engine.decode.compiled) == {(1, 64), (1, 128), (2, 64), (2, 128)}
+        prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
+        solo = [[e.id for e in engine.generate(p, GREEDY)[0]] for p in prompts]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            batched = list(pool.map(lambda p: [e.id for e in engine.generate(p, GREEDY)[0]], prompts))
+    finally:
+        engine.stop()
+    assert batched == solo
+
+
+def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        compiler = StepCompiler(engine.decode, None, "test", max_rows=1)
+        with caplog.at_level(logging.WARNING, logger="tinyserve"):
+            compiler.start()
+            assert compiler.done.wait(60)
+        assert compiler.failed == {(1, 64): "RuntimeError: no compiler here"}
+        assert "stays eager" in caplog.text and not engine.decode.compiled
+        tokens, finish = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5, eos_bias=float("-inf")))
+        assert finish.reason == "length" and len(tokens) == 5
+    finally:
+        engine.stop()
+
+
+def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_checkpoint(a, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
+    write_checkpoint(b, tiny_gpt(seed=1), tiny_tokenizer, card="# b\n", metrics={})
+    cpu = torch.device("cpu")
+    assert cache_key(a, torch.float32, cpu) == cache_key(a, torch.float32, cpu)
+    assert cache_key(a, torch.float32, cpu) != cache_key(b, torch.float32, cpu)  # new weights: a new entry
+    assert cache_key(a, torch.float32, cpu) != cache_key(a, torch.bfloat16, cpu)
+
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        compiler = StepCompiler(engine.decode, tmp_path / "cache", cache_key(a, torch.float32, cpu), max_rows=1)
+        compiler.build((1, 64))
+    finally:
+        engine.stop()
+    assert compiler.artifact((1, 64)).stat().st_size > 0
+    assert compiler.artifact((1, 64)).parent.name == cache_key(a, torch.float32, cpu)
