@@ -50,7 +50,10 @@ async def get_model(model_id: str, registry: Registry) -> ModelCard:
 async def health(request: Request, registry: Registry) -> JSONResponse:
     """200 once the models are loaded and warmed up, 503 before; lists refused checkpoints."""
     ready = bool(getattr(request.app.state, "ready", False))
-    body = Health(status="ok" if ready else "loading", models=list(registry.models), failed=registry.failed)
+    compiling = [m.id for m in registry.models.values() if m.compiler is not None and not m.compiler.done.is_set()]
+    body = Health(
+        status="ok" if ready else "loading", models=list(registry.models), failed=registry.failed, compiling=compiling
+    )
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 

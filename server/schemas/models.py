@@ -35,6 +35,9 @@ class Health(BaseModel):
     status: str = Field(description="ok or loading")
     models: list[str]
     failed: dict[str, str] = Field(description="checkpoints refused at start-up, with the reason")
+    compiling: list[str] = Field(
+        [], description="models whose compiled decode steps are still being built (eager serves)"
+    )
 
 
 class Info(BaseModel):
