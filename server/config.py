@@ -20,18 +20,20 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda, cuda:N")
     dtype: str = Field(
         "auto",
-        description="auto (float16 on CUDA; bfloat16 on CPUs with native bf16, AVX512-BF16 or AMX; else "
-        "float32), float32, float16, bfloat16",
+        description="auto (float16 on CUDA; bfloat16 on CPUs with native bf16, i.e. AVX512-BF16 or AMX; "
+        "else float32), float32, float16, bfloat16",
     )
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
     max_prefill_tokens: int = Field(
         4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"
     )
-    compile_decode: bool = Field(
-        True, description="compile the decode step per batch bucket in the background (eager serves until ready)"
+    compile_models: bool = Field(
+        True,
+        description="compile the GPT decode step and the fill-mask encoder per shape bucket, in the background "
+        "(eager serves until each is ready; a failure leaves it eager)",
     )
-    compile_max_batch: int = Field(8, ge=1, description="compile the buckets of at most this many rows")
+    compile_max_batch: int = Field(8, ge=1, description="compile the decode buckets of at most this many rows")
     compile_cache_dir: Path | None = Field(
         Path("~/.cache/tinyserve/compiled"), description="compiled steps cached here (per checkpoint, dtype, torch)"
     )

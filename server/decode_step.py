@@ -49,6 +49,7 @@ class DecodeStep:
         self.row_buckets = buckets(max_rows)
         self.column_buckets = buckets(model.config.context_length, smallest=64)
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self.cache: StaticKVCache | None = None  # allocated at the first prefill (its shapes come from it)
         self.eager = eager_step(model, model.config.n_layer)
         self.compiled: dict[tuple[int, int], StepFn] = {}  # (rows, columns) -> compiled step, added when ready
@@ -73,6 +74,20 @@ class DecodeStep:
             zeros = torch.zeros((bucket[0], 1), dtype=torch.long, device=self.device)
             self._inputs[bucket] = (zeros, zeros.clone(), self.cache.view(*bucket).tensors())
         return self._inputs[bucket]
+
+    def compile_order(self, max_rows: int) -> list[tuple[int, int]]:
+        """The buckets of at most max_rows rows, the smallest (the most used at low load) first."""
+        return [(b, s) for b in self.row_buckets if b <= max_rows for s in self.column_buckets]
+
+    def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
+        rows, columns = bucket
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        shapes = [(rows, t.shape[1], columns, *t.shape[3:]) for t in self.cache.tensors()]
+        cache = [torch.randn(shape, generator=generator, device=self.device).to(self.dtype) for shape in shapes]
+        tokens = torch.arange(rows, device=self.device).view(rows, 1)
+        positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
+        return tokens, positions, *cache
 
     def __call__(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """Next-token logits (n, vocab), float32 on the CPU, for n rows in slots 0..n-1."""

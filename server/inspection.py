@@ -9,15 +9,11 @@ from __future__ import annotations
 import io
 import math
 
-import matplotlib
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from server.errors import APIError
 from server.registry import ServedModel
-from training.esperberto.fill_mask import fill_mask as esperberto_fill_mask
-from training.esperberto.fill_mask import target_ids
 
 MAX_MASKS = 20
 MAX_PNG_PANELS = 96
@@ -96,6 +92,9 @@ def attention_png(result: dict) -> bytes:
     to lay out and draw (found by the API fuzz run). Tokens label the axes when one head is shown.
     Figures are built with the object API (no pyplot state), so concurrent requests are safe.
     """
+    import matplotlib  # 0.5 s to import: at the first PNG, not at start-up
+    from matplotlib.figure import Figure
+
     w, tokens = result["weights"].float().numpy(), result["tokens"]  # (L, H, T, T)
     L, H, T = w.shape[0], w.shape[1], w.shape[-1]
     if L * H > MAX_PNG_PANELS:
@@ -134,6 +133,9 @@ def attention_png(result: dict) -> bytes:
 
 def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) -> list:
     """Validate a fill-mask request, then fill it (training/esperberto/fill_mask.py); pipeline format."""
+    from training.esperberto.fill_mask import fill_mask as esperberto_fill_mask  # imported with the first MLM
+    from training.esperberto.fill_mask import target_ids
+
     tok = m.tokenizer
     ids = mlm_encoding(m, text, "inputs")["input_ids"][0]
     n_masks = int((ids == tok.mask_token_id).sum())
@@ -145,5 +147,5 @@ def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) 
         candidates = target_ids(tok, targets) if targets else None
     except ValueError as e:
         raise APIError(422, f"targets: {e}", "targets") from None
-    results = esperberto_fill_mask(m.model, tok, ids, top_k, candidates)
+    results = esperberto_fill_mask(m.model, tok, ids, top_k, candidates, encode=m.encoder_step)
     return results[0] if len(results) == 1 else results

@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
-from server.compiled import StepCompiler, cache_key
+from server.compiled import BackgroundCompiler, cache_key
 from server.compute import ComputeThread
 from server.config import Settings
+from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
 from training.device import resolve_device
-from training.esperberto.model import max_tokens
 from training.sampling import SamplingParams
 
 log = logging.getLogger("tinyserve")
@@ -41,18 +41,19 @@ class ServedModel:
     context_length: int  # longest input in tokens, special tokens included
     card: str = ""
     engine: GenerationEngine | None = None  # completion models only
-    compiler: StepCompiler | None = None  # builds the engine's compiled decode steps (compile_decode on)
+    encoder_step: EncoderStep | None = None  # fill-mask models only
+    compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
 
 
-def resolve_dtype(name: str, device: torch.device, architecture: str | None) -> torch.dtype:
-    """auto: float16 on CUDA; on a CPU with native bf16, bfloat16 for GPTs (a decode step reads every
-    weight, and the compiled bf16 step ran 3x faster) but float32 for fill-mask models (short eager
-    encoder passes, which bf16 made no faster); float32 elsewhere."""
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: half precision where the hardware computes it natively. A decode step reads every weight
+    for one token, so bytes are time: bf16 ran the compiled step 3x faster than float32 on an
+    AVX512-BF16 CPU, with the same test perplexity (docs/BENCHMARKS.md)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.float16
         native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        return torch.bfloat16 if native_bf16 and architecture == "gpt" else torch.float32
+        return torch.bfloat16 if native_bf16 else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
@@ -70,6 +71,7 @@ class ModelRegistry:
 
     def _load_all(self) -> None:
         device = resolve_device(self.settings.device)
+        dtype = resolve_dtype(self.settings.dtype, device)
         wanted = set(self.settings.models) if self.settings.models else None
         found = {info.id: info for info in list_checkpoints(self.settings.store)}
         for missing in (wanted or set()) - set(found):
@@ -80,7 +82,6 @@ class ModelRegistry:
             try:
                 if not info.ok:
                     raise CheckpointError(info.path, info.error or "invalid")
-                dtype = resolve_dtype(self.settings.dtype, device, info.architecture)
                 self.models[info.id] = served = self._load(info.id, info.path, info.architecture, device, dtype)
                 self.compute.guard(served.model)
                 if served.engine is not None:
@@ -121,6 +122,8 @@ class ModelRegistry:
                 engine=engine,
             )
         if arch == "mlm":
+            from training.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
+
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")
             if variant == "softmax0":
@@ -143,22 +146,25 @@ class ModelRegistry:
                 heads=c.num_attention_heads,
                 context_length=max_tokens(c),
                 card=card,
+                encoder_step=EncoderStep(model, max_tokens(c)),
             )
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:
-        """Warm every model up with one tiny request, then start compiling the decode steps in the background."""
+        """Warm every model up with one tiny request, then start compiling its fixed-shape passes in the background."""
         s = self.settings
         for m in self.models.values():
             if m.engine is not None:
                 m.engine.generate([m.model.config.eos_token_id], SamplingParams(max_new_tokens=2, temperature=0))
-                if s.compile_decode:
-                    cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
-                    key = cache_key(m.folder, next(m.model.parameters()).dtype, m.engine.device)
-                    m.compiler = StepCompiler(m.engine.decode, cache_dir, key, s.compile_max_batch)
-                    m.compiler.start()
+                target, order = m.engine.decode, m.engine.decode.compile_order(s.compile_max_batch)
             else:
                 self.compute.call(self._warm_up_mlm, m)
+                target, order = m.encoder_step, m.encoder_step.compile_order()
+            if s.compile_models:
+                cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
+                key = cache_key(m.folder, next(m.model.parameters()).dtype, next(m.model.parameters()).device)
+                m.compiler = BackgroundCompiler(target, order, cache_dir, key)
+                m.compiler.start()
 
     @staticmethod
     @torch.inference_mode()

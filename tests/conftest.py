@@ -16,7 +16,7 @@ from training.tokenizer import eos_id, train_bpe
 # Servers built by the tests run float32 and eager unless a test asks otherwise: exact comparisons
 # with transformers, and no background compilation competing with the suite for the CPU.
 os.environ.setdefault("TINYSERVE_DTYPE", "float32")
-os.environ.setdefault("TINYSERVE_COMPILE_DECODE", "false")
+os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_WIKI = FIXTURES / "tiny_wiki"

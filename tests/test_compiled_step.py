@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model_store.store import write_checkpoint
-from server.compiled import StepCompiler, cache_key
+from server.compiled import BackgroundCompiler, cache_key
 from server.engine import GenerationEngine
 from tests.conftest import tiny_gpt
 from training.sampling import SamplingParams
@@ -44,7 +44,7 @@ def test_compiled_step_gives_the_eager_tokens(variant):
     try:
         want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
         compiled.generate(prompt, SamplingParams(max_new_tokens=1))  # allocates the static cache
-        compiler = StepCompiler(compiled.decode, None, "test", max_rows=1)
+        compiler = BackgroundCompiler(compiled.decode, compiled.decode.compile_order(1), None, "test")
         for bucket in compiler.buckets:  # (1, 64), (1, 128): build() checks logits within 1e-4
             compiled.decode.compiled[bucket] = compiler.build(bucket)
         got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
@@ -59,7 +59,7 @@ def test_batched_equals_solo_with_compiled_steps():
     engine = started(model)
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = StepCompiler(engine.decode, None, "test", max_rows=2)
+        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(2), None, "test")
         compiler.start()
         assert compiler.done.wait(600) and not compiler.failed
         assert set(engine.decode.compiled) == {(1, 64), (1, 128), (2, 64), (2, 128)}
@@ -82,7 +82,7 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = StepCompiler(engine.decode, None, "test", max_rows=1)
+        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(1), None, "test")
         with caplog.at_level(logging.WARNING, logger="tinyserve"):
             compiler.start()
             assert compiler.done.wait(60)
@@ -106,9 +106,29 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer):
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = StepCompiler(engine.decode, tmp_path / "cache", cache_key(a, torch.float32, cpu), max_rows=1)
+        key = cache_key(a, torch.float32, cpu)
+        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(1), tmp_path / "cache", key)
         compiler.build((1, 64))
     finally:
         engine.stop()
     assert compiler.artifact((1, 64)).stat().st_size > 0
     assert compiler.artifact((1, 64)).parent.name == cache_key(a, torch.float32, cpu)
+
+
+@pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
+def test_compiled_encoder_fills_masks_as_eager(store, variant):
+    from model_store import load_mlm
+    from server.encoder_step import EncoderStep
+    from training.esperberto.fill_mask import fill_mask
+    from training.esperberto.model import max_tokens
+
+    model, tok = load_mlm(store / f"tiny-mlm-{variant}")
+    if variant == "softmax0":
+        model.set_attn_implementation("eager")  # as the registry serves it
+    step = EncoderStep(model, max_tokens(model.config))
+    step.compiled[32] = BackgroundCompiler(step, [32], None, "test").build(32)  # checked within 1e-4 of eager
+    ids = tok("The castle was <mask> in 1350 .", return_tensors="pt")["input_ids"][0]
+    assert 16 < len(ids) < 32  # padded to its bucket
+    want, got = fill_mask(model, tok, ids, 5), fill_mask(model, tok, ids, 5, encode=step)
+    assert [c["token"] for c in got[0]] == [c["token"] for c in want[0]]
+    assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(got[0], want[0], strict=True))

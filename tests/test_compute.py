@@ -60,3 +60,17 @@ def test_every_route_computes_on_the_one_compute_thread(store):
             client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "both"}).status_code == 200
         )
         assert threads == {registry.compute.ident}
+
+
+def test_every_route_serves_in_bfloat16(store):
+    """The dtype `auto` picks on CPUs with native bf16: every route still answers."""
+    with TestClient(create_app(Settings(store=store, dtype="bfloat16"))) as client:
+        text = "The castle was built"
+        r = client.post(
+            "/generate", json={"inputs": text, "parameters": {"max_new_tokens": 4, "eos_bias": -1e9, "details": True}}
+        )
+        assert r.status_code == 200 and r.json()["details"]["generated_tokens"] == 4
+        assert client.post("/score", json={"text": text}).status_code == 200
+        assert client.post("/attention", json={"text": text, "model": "tiny-mlm-softmax1"}).status_code == 200
+        filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "both"})
+        assert filled.status_code == 200 and len(filled.json()["results"]) == 2

@@ -6,6 +6,8 @@ score, token, token_str and sequence), so clients written for the pipeline read 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from training.esperberto.model import MaskedLM, encoder, lm_logits
@@ -32,11 +34,15 @@ def fill_mask(
     input_ids: torch.Tensor,  # (T,) one encoded text with at least one mask token
     top_k: int,
     targets: torch.Tensor | None = None,  # (N,) restrict candidates to these ids
+    encode: Callable[[torch.Tensor], torch.Tensor] | None = None,  # (T,) ids -> (T, C); default: the encoder
 ) -> list[list[dict]]:
     """Candidates for each mask, in text order; each mask is filled on its own."""
     positions = (input_ids == tokenizer.mask_token_id).nonzero().flatten().tolist()
-    device = next(model.parameters()).device
-    hidden = encoder(model)(input_ids=input_ids[None].to(device)).last_hidden_state[0, positions]  # (M, C)
+    if encode is None:
+        device = next(model.parameters()).device
+        hidden = encoder(model)(input_ids=input_ids[None].to(device)).last_hidden_state[0, positions]  # (M, C)
+    else:
+        hidden = encode(input_ids)[positions]
     probs = torch.softmax(lm_logits(model, hidden).float().cpu(), dim=-1)  # (M, V)
     results = []
     for i, pos in enumerate(positions):
