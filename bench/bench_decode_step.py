@@ -34,7 +34,7 @@ PROMPT = "The history of the city begins in the early Middle Ages , when"
 COLUMNS, STEPS = 128, 64
 CANDIDATES = [
     "floor",
-    "eager, dynamic cache",
+    "eager + dynamic cache",
     "eager",
     "compile",
     "compile + cpp_wrapper",
@@ -94,7 +94,7 @@ def measure_one(model_id: str, candidate: str, dtype: str, rows: int) -> dict:
         cache = static.view(rows, COLUMNS).tensors()
         tokens, positions = torch.full((rows, 1), 5), torch.full((rows, 1), T)
         step = eager_step(model, c.n_layer)
-        if candidate == "eager, dynamic cache":
+        if candidate == "eager + dynamic cache":
             return {"ms": timed(lambda i: model(tokens, kv_cache=dynamic)), "build_s": 0.0, "diff": 0.0}
         t = time.perf_counter()
         fn = build(candidate, step, (tokens, positions, *cache))

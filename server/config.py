@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         description="compile the GPT decode step and the fill-mask encoder per shape bucket, in the background "
         "(eager serves until each is ready; a failure leaves it eager)",
     )
-    compile_max_batch: int = Field(8, ge=1, description="compile the decode buckets of at most this many rows")
+    compile_max_batch: int = Field(32, ge=1, description="compile the decode buckets of at most this many rows")
     compile_cache_dir: Path | None = Field(
         Path("~/.cache/tinyserve/compiled"), description="compiled steps cached here (per checkpoint, dtype, torch)"
     )

@@ -83,8 +83,11 @@ class DecodeStep:
         """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
         rows, columns = bucket
         generator = torch.Generator(device=self.device).manual_seed(0)
-        shapes = [(rows, t.shape[1], columns, *t.shape[3:]) for t in self.cache.tensors()]
-        cache = [torch.randn(shape, generator=generator, device=self.device).to(self.dtype) for shape in shapes]
+        # views of full-context buffers, as the live ones are: the same strides, or the compiled graph's
+        # guards would fail on the compute thread and recompile there, on the request path
+        shapes = [(rows, *t.shape[1:]) for t in self.cache.tensors()]
+        full = [torch.randn(shape, generator=generator, device=self.device).to(self.dtype) for shape in shapes]
+        cache = [t[:, :, :columns] for t in full]
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         return tokens, positions, *cache

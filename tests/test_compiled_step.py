@@ -1,12 +1,13 @@
 """The compiled decode step: exact against eager for every GPT variant, cached per checkpoint, never fatal."""
 
+import contextlib
 import logging
 
 import pytest
 import torch
 
 from model_store.store import write_checkpoint
-from server.compiled import BackgroundCompiler, cache_key
+from server.compiled import BackgroundCompiler, cache_key, compile_options
 from server.engine import GenerationEngine
 from tests.conftest import tiny_gpt
 from training.sampling import SamplingParams
@@ -19,6 +20,17 @@ VARIANTS = {
     "dual-relational": {"n_head": 2, "n_relational_head": 2, "positions": "rope"},
 }
 GREEDY = SamplingParams(max_new_tokens=64, temperature=0, eos_bias=float("-inf"))
+
+
+@contextlib.contextmanager
+def no_recompiles():
+    """No graph is compiled inside: a compiled step whose guards fail on the live inputs would recompile
+    on the compute thread, i.e. on the request path."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    yield
+    assert counters["stats"]["unique_graphs"] == before, "a compiled step recompiled on the live inputs"
 
 
 def started(model, **kwargs) -> GenerationEngine:
@@ -47,7 +59,8 @@ def test_compiled_step_gives_the_eager_tokens(variant):
         compiler = BackgroundCompiler(compiled.decode, compiled.decode.compile_order(1), None, "test")
         for bucket in compiler.buckets:  # (1, 64), (1, 128): build() checks logits within 1e-4
             compiled.decode.compiled[bucket] = compiler.build(bucket)
-        got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
+        with no_recompiles():  # the live inputs pass the guards of the graphs built on scratch ones
+            got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
     finally:
         eager.stop()
         compiled.stop()
@@ -67,7 +80,7 @@ def test_batched_equals_solo_with_compiled_steps():
         solo = [[e.id for e in engine.generate(p, GREEDY)[0]] for p in prompts]
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(2) as pool:
+        with no_recompiles(), ThreadPoolExecutor(2) as pool:
             batched = list(pool.map(lambda p: [e.id for e in engine.generate(p, GREEDY)[0]], prompts))
     finally:
         engine.stop()
@@ -132,3 +145,8 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
     want, got = fill_mask(model, tok, ids, 5), fill_mask(model, tok, ids, 5, encode=step)
     assert [c["token"] for c in got[0]] == [c["token"] for c in want[0]]
     assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(got[0], want[0], strict=True))
+
+
+def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
+    assert compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
+    assert compile_options(torch.device("cpu")) == {"options": {"freezing": True}}

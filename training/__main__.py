@@ -80,6 +80,9 @@ def add_eval_parser(sub) -> None:
         help="document splitting, as in training",
     )
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default context/2)")
+    p.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (as served)"
+    )
     p.add_argument("--sentence", action="append", default=[], help="also score this sentence (repeatable)")
 
 
@@ -185,11 +188,13 @@ def run_gpt(args) -> None:
 
 
 def run_eval(args) -> None:
+    import torch
+
     from model_store import load_gpt
     from training.data import read_split
     from training.evaluate import corpus_perplexity, sentence_scores
 
-    model, tok = load_gpt(Path(args.checkpoint))
+    model, tok = load_gpt(Path(args.checkpoint), dtype=getattr(torch, args.dtype))
     result: dict = {}
     for split in args.splits.split(","):
         result[split] = corpus_perplexity(
