@@ -1,4 +1,4 @@
-"""The KV cache of the GPT: past tokens' per-layer tensors, and the batch surgery continuous batching needs."""
+"""The KV caches of the GPT: a growing one (prefill, one-off generation) and a static one of slots (serving)."""
 
 from __future__ import annotations
 
@@ -44,44 +44,6 @@ class KVCache:
                 buf[:, :, :n] = old[i][:, :, :n]
             grown.append(buf)
         self.buffers[layer] = grown
-
-    # Batch surgery for continuous batching: rows are right-aligned (left-padded), so every row's
-    # newest token sits in the last filled column and one forward pass serves rows of different lengths.
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (a finished request leaves the batch)."""
-        self.buffers = [[b.index_select(0, rows) for b in bufs] for bufs in self.buffers]
-
-    def trim_left(self, n: int) -> None:
-        """Drop the first n columns (padding that no remaining row needs)."""
-        self.buffers = [[b[:, :, n:] for b in bufs] for bufs in self.buffers]
-        self.filled = [f - n for f in self.filled]
-
-    @staticmethod
-    def concat(caches: list[KVCache]) -> KVCache:
-        """Stack caches along the batch, right-aligned: shorter ones are left-padded with zeros."""
-        S = max(c.length for c in caches)
-        capacity = max(S + 16, *(c.buffers[0][0].shape[2] for c in caches))
-        out = KVCache(len(caches[0].buffers))
-        for layer in range(len(out.buffers)):
-            n_tensors = len(caches[0].buffers[layer])
-            out.buffers[layer] = [
-                KVCache._right_aligned([c.buffers[layer][i][:, :, : c.length] for c in caches], S, capacity)
-                for i in range(n_tensors)
-            ]
-        out.filled = [S] * len(out.buffers)
-        return out
-
-    @staticmethod
-    def _right_aligned(parts: list[torch.Tensor], S: int, capacity: int) -> torch.Tensor:
-        """(b_i, H, S_i, D) tensors -> one (sum b_i, H, capacity, D) buffer, each part ending at column S."""
-        _, H, _, *rest = parts[0].shape
-        buf = parts[0].new_zeros(sum(p.shape[0] for p in parts), H, capacity, *rest)
-        row = 0
-        for p in parts:
-            buf[row : row + p.shape[0], :, S - p.shape[2] : S] = p
-            row += p.shape[0]
-        return buf
 
 
 class StaticKVCache:
