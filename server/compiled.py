@@ -85,10 +85,11 @@ class BackgroundCompiler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="compiler", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="compiler", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Build every bucket in turn (on the calling thread)."""
         try:
             for bucket in self.buckets:
                 try:

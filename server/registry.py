@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,8 +152,10 @@ class ModelRegistry:
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:
-        """Warm every model up with one tiny request, then start compiling its fixed-shape passes in the background."""
+        """Warm every model up with one tiny request, then compile their fixed-shape passes in the background,
+        one model after another on one thread (compiling is CPU work that serving shares)."""
         s = self.settings
+        compilers = []
         for m in self.models.values():
             if m.engine is not None:
                 m.engine.generate([m.model.config.eos_token_id], SamplingParams(max_new_tokens=2, temperature=0))
@@ -164,7 +167,9 @@ class ModelRegistry:
                 cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
                 key = cache_key(m.folder, next(m.model.parameters()).dtype, next(m.model.parameters()).device)
                 m.compiler = BackgroundCompiler(target, order, cache_dir, key)
-                m.compiler.start()
+                compilers.append(m.compiler)
+        if compilers:
+            threading.Thread(target=lambda: [c.run() for c in compilers], name="compiler", daemon=True).start()
 
     @staticmethod
     @torch.inference_mode()

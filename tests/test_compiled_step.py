@@ -150,3 +150,36 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
 def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
     assert compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
     assert compile_options(torch.device("cpu")) == {"options": {"freezing": True}}
+
+
+def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_path):
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.config import Settings
+
+    settings = Settings(
+        store=store,
+        models=["tiny-gpt", "tiny-mlm-softmax1"],
+        compile_models=True,
+        compile_max_batch=1,
+        compile_cache_dir=tmp_path,
+    )
+    app = create_app(settings)
+    with TestClient(app) as client:
+        body = {"inputs": "The castle", "parameters": {"max_new_tokens": 4, "eos_bias": -1e9}}
+        assert client.post("/generate", json=body).status_code == 200  # eager, or compiled if already built
+        deadline = time.monotonic() + 300
+        while client.get("/health").json()["compiling"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert client.get("/health").json()["compiling"] == []
+        registry = app.state.registry
+        gpt, mlm = registry.get("tiny-gpt"), registry.get("tiny-mlm-softmax1")
+        assert set(gpt.engine.decode.compiled) == {(1, 48)} and not gpt.compiler.failed
+        assert mlm.encoder_step.compiled and not mlm.compiler.failed
+        assert client.post("/generate", json=body).status_code == 200
+        filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
+        assert filled.status_code == 200
+    assert any(tmp_path.rglob("DecodeStep_1x48.bin"))  # cached for the next start
