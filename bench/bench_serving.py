@@ -179,7 +179,10 @@ class FillMaskOurs:
         folder = Path(folder)
         self.registry = ModelRegistry(Settings(store=folder.parent, models=[folder.name]))  # as the server does
         self.registry.load_all()
+        self.registry.start()
         served = self.registry.get(folder.name)
+        if served.compiler is not None:
+            served.compiler.done.wait()
         self.fill = lambda text: self.registry.compute.call(fill_mask, served, text, 5, None)
 
     def p50_s(self, text: str) -> float:
