@@ -124,6 +124,9 @@ class BackgroundCompiler:
         if diff > TOLERANCE[self.target.dtype]:
             raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[self.target.dtype]:.0e}")
         if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            saved.write_bytes(artifacts[0])
+            try:
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                saved.write_bytes(artifacts[0])
+            except OSError as e:  # e.g. a read-only file system: the step is built, only the cache is lost
+                log.warning("could not cache %s: %s", saved, e)
         return compiled

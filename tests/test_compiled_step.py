@@ -183,3 +183,16 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
         assert filled.status_code == 200
     assert any(tmp_path.rglob("DecodeStep_1x48.bin"))  # cached for the next start
+
+
+def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")  # the cache folder would have to be created under a file
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        compiler = BackgroundCompiler(engine.decode, [(1, 64)], blocker, "key")
+        compiler.run()
+    finally:
+        engine.stop()
+    assert not compiler.failed and (1, 64) in engine.decode.compiled
