@@ -47,7 +47,7 @@ from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
 from scripts.processes import http_server  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.engine import FinishEvent  # noqa: E402
-from server.registry import ModelRegistry  # noqa: E402
+from server.registry import ModelRegistry, ServedModel  # noqa: E402
 from training.sampling import SamplingParams  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
@@ -112,16 +112,23 @@ class HFPeer:
         return sum(lengths) / (time.perf_counter() - t)
 
 
+def served_compiled(settings: Settings, model_id: str) -> tuple[ModelRegistry, ServedModel]:
+    """A model loaded and started as the server does, once its compiled passes are built."""
+    registry = ModelRegistry(settings)
+    registry.load_all()
+    registry.start()
+    served = registry.get(model_id)
+    if served.compiler is not None:
+        served.compiler.done.wait()
+    return registry, served
+
+
 class EngineSide:
     """Our engine as the server runs it (registry, compute thread, compiled steps), without HTTP."""
 
     def __init__(self, model_id: str) -> None:
-        self.registry = ModelRegistry(Settings(models=[model_id], max_batch_size=32, max_queue=128))
-        self.registry.load_all()
-        self.registry.start()
-        self.served = self.registry.get(model_id)
-        if self.served.compiler is not None:
-            self.served.compiler.done.wait()
+        settings = Settings(models=[model_id], max_batch_size=32, max_queue=128)
+        self.registry, self.served = served_compiled(settings, model_id)
         self.prompt_ids = self.served.tokenizer.encode(PROMPT).ids
 
     def info(self) -> dict:
@@ -177,12 +184,7 @@ class FillMaskOurs:
         from server.inspection import fill_mask
 
         folder = Path(folder)
-        self.registry = ModelRegistry(Settings(store=folder.parent, models=[folder.name]))  # as the server does
-        self.registry.load_all()
-        self.registry.start()
-        served = self.registry.get(folder.name)
-        if served.compiler is not None:
-            served.compiler.done.wait()
+        self.registry, served = served_compiled(Settings(store=folder.parent, models=[folder.name]), folder.name)
         self.fill = lambda text: self.registry.compute.call(fill_mask, served, text, 5, None)
 
     def p50_s(self, text: str) -> float:

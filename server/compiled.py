@@ -95,10 +95,10 @@ class BackgroundCompiler:
                 try:
                     t = time.perf_counter()
                     self.target.compiled[bucket] = self.build(bucket)
-                    log.info("compiled %s %s in %.1f s", type(self.target).__name__, bucket, time.perf_counter() - t)
+                    log.info("compiled %s in %.1f s", self.label(bucket), time.perf_counter() - t)
                 except Exception as e:  # the bucket stays eager; the client never sees this
                     self.failed[bucket] = f"{type(e).__name__}: {e}"
-                    log.warning("%s %s stays eager: %s", type(self.target).__name__, bucket, self.failed[bucket])
+                    log.warning("%s stays eager: %s", self.label(bucket), self.failed[bucket])
         finally:
             self.done.set()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -23,7 +22,6 @@ import torch
 if TYPE_CHECKING:
     from server.engine import GenerationEngine
 
-log = logging.getLogger("tinyserve")
 T = TypeVar("T")
 
 

@@ -18,8 +18,8 @@ from server.decode_step import buckets
 if TYPE_CHECKING:  # transformers takes 2 s to import: loaded with the first fill-mask model
     from training.esperberto.model import MaskedLM
 
-# (input_ids (1, T), attention_mask (1, T)) -> final hidden states (1, T, C)
-EncodeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (input_ids (1, T), attention_mask (1, T) or None for no padding) -> final hidden states (1, T, C)
+EncodeFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def eager_encoder(model: MaskedLM) -> EncodeFn:
@@ -27,7 +27,7 @@ def eager_encoder(model: MaskedLM) -> EncodeFn:
 
     body = encoder(model)  # the encoder's own forward: the compute thread's guard hook sits on the whole model
 
-    def encode(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     return encode
@@ -60,7 +60,7 @@ class EncoderStep:
         compiled = self.compiled.get(bucket)
         ids = input_ids.to(self.device).view(1, T)
         if compiled is None:
-            return self.eager(ids, torch.ones_like(ids))[0]
+            return self.eager(ids, None)[0]
         padded = torch.full((1, bucket), self.pad_id, dtype=ids.dtype, device=self.device)
         padded[:, :T] = ids
         mask = torch.zeros((1, bucket), dtype=torch.long, device=self.device)

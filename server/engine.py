@@ -117,7 +117,6 @@ class GenerationEngine:
         max_batch_size: int = 32,
         max_queue: int = 64,
         max_prefill_tokens: int = 4096,
-        decode_step: DecodeStep | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -127,7 +126,7 @@ class GenerationEngine:
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
         self.device = next(model.parameters()).device
-        self.decode = decode_step or DecodeStep(model, max_batch_size)
+        self.decode = DecodeStep(model, max_batch_size)
         self.stats = EngineStats()
         self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -275,13 +274,18 @@ class GenerationEngine:
     def _compact(self, kept: list[_Row]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
         slot = {id(row): i for i, row in enumerate(self._rows)}
-        n = len(kept)
-        movers = [row for row in kept if slot[id(row)] >= n]
-        holes = sorted(set(range(n)) - {slot[id(row)] for row in kept})
+        placed: list[_Row | None] = [None] * len(kept)
+        movers = []
+        for row in kept:
+            if slot[id(row)] < len(kept):
+                placed[slot[id(row)]] = row
+            else:
+                movers.append(row)
+        holes = [i for i, row in enumerate(placed) if row is None]
         for row, hole in zip(movers, holes, strict=True):
             self.decode.move(slot[id(row)], hole, row.length)
-        at = dict(zip(map(id, movers), holes, strict=True))
-        self._rows = sorted(kept, key=lambda row: at.get(id(row), slot[id(row)]))
+            placed[hole] = row
+        self._rows = placed
 
     def _advance(self, row: _Row) -> bool:
         """Sample the row's next token and report it; False when the row is finished."""

@@ -47,7 +47,7 @@ async def attention(body: AttentionRequest, registry: Registry):
 async def fill_mask(body: FillMaskRequest, registry: Registry) -> dict:
     """Fill <mask> tokens; `variant: both` answers with softmax0 and softmax1 side by side."""
     models = fill_mask_models(registry, body.model, body.variant)
-    fill = inspection.fill_mask
-    return {
-        "results": {m.id: await registry.compute.run(fill, m, body.inputs, body.top_k, body.targets) for m in models}
-    }
+    results = {}
+    for m in models:
+        results[m.id] = await registry.compute.run(inspection.fill_mask, m, body.inputs, body.top_k, body.targets)
+    return {"results": results}

@@ -40,9 +40,8 @@ def fill_mask(
     positions = (input_ids == tokenizer.mask_token_id).nonzero().flatten().tolist()
     if encode is None:
         device = next(model.parameters()).device
-        hidden = encoder(model)(input_ids=input_ids[None].to(device)).last_hidden_state[0, positions]  # (M, C)
-    else:
-        hidden = encode(input_ids)[positions]
+        encode = lambda ids: encoder(model)(input_ids=ids[None].to(device)).last_hidden_state[0]  # noqa: E731
+    hidden = encode(input_ids)[positions]  # (M, C)
     probs = torch.softmax(lm_logits(model, hidden).float().cpu(), dim=-1)  # (M, V)
     results = []
     for i, pos in enumerate(positions):
