@@ -2,7 +2,14 @@ import pytest
 import torch
 
 from tests.conftest import TINY_WIKI
-from training.data import DataSourceError, encode_documents, random_windows, read_split, split_documents
+from training.data import (
+    DataSourceError,
+    detokenize_wikitext,
+    encode_documents,
+    random_windows,
+    read_split,
+    split_documents,
+)
 from training.tokenizer import EOS_TOKEN, eos_id
 
 
@@ -56,3 +63,32 @@ def test_hf_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DataSourceError, match="Salesforce/wikitext:wikitext-2-raw-v1"):
         read_split("Salesforce/wikitext:wikitext-2-raw-v1", "train")
+
+
+def test_wikitext_detokenizer_gives_plain_english():
+    raw = (
+        " = Valkyria Chronicles ( 2011 ) = \n \n"
+        ' a population of 3 @,@ 500 , the city \'s role @-@ playing game ( see " The Nameless " ) ; it '
+        "didn 't cost $ 5 @.@ 5 million : 40 % of the players ' budget . \n"
+    )
+    assert detokenize_wikitext(raw) == (
+        "= Valkyria Chronicles (2011) =\n\n"
+        'a population of 3,500, the city\'s role-playing game (see "The Nameless"); it '
+        "didn't cost $5.5 million: 40% of the players' budget.\n"
+    )
+
+
+def test_detokenized_tiny_wiki_keeps_no_tokenisation_artefacts():
+    text = detokenize_wikitext(read_split(str(TINY_WIKI), "train"))
+    for artefact in (" @", " ,", " .", " 's", " )", "( ", " = = "):
+        assert artefact not in text, artefact
+    assert len(text.split()) < len(read_split(str(TINY_WIKI), "train").split())  # " , " no longer a word
+
+
+def test_paragraph_documents_keep_headings_with_the_paragraph_after_them():
+    text = "= Title =\n\nFirst paragraph.\nSecond paragraph.\n\n== History ==\n\nThird.\n"
+    assert split_documents(text, "wikitext-paragraph") == [
+        "= Title =\nFirst paragraph.",
+        "Second paragraph.",
+        "== History ==\nThird.",
+    ]

@@ -134,3 +134,19 @@ def test_patience_stops_the_run_and_ships_the_best_checkpoint(tmp_path):
     stored = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
     for name, p in model.state_dict().items():
         torch.testing.assert_close(p, stored[name].half().float())
+
+
+def test_detokenized_paragraph_run_counts_words_in_the_raw_split_and_resumes_its_ema(tmp_path):
+    cfg = tiny_train_config(tmp_path / "a", detokenize=True, doc_mode="wikitext-paragraph", ema_decay=0.9, max_steps=40)
+    a = train(cfg)
+    assert a["test"]["words"] == len((TINY_WIKI / "test.txt").read_text().split())  # raw words, not detokenised
+    log = read_log(tmp_path / "a")
+    assert all("ema_valid_loss" in e for e in log)
+    assert a["weights"] == (
+        "ema" if min(e["ema_valid_loss"] for e in log) < min(e["valid_loss"] for e in log) else "raw"
+    )
+    b_cfg = replace(cfg, out=str(tmp_path / "b"))
+    train(replace(b_cfg, stop_at=20))
+    b = train(b_cfg)
+    assert [e["ema_valid_loss"] for e in read_log(tmp_path / "b")] == [e["ema_valid_loss"] for e in log]
+    assert a["best_valid_loss"] == b["best_valid_loss"]

@@ -25,6 +25,7 @@ def add_tokenizer_parser(sub) -> None:
         choices=DOC_MODES,
         help="how the text splits into documents",
     )
+    p.add_argument("--detokenize", action="store_true", help="undo WikiText's tokenisation first, as in training")
     from training.model import GPTConfig
 
     p.add_argument(
@@ -79,6 +80,7 @@ def add_eval_parser(sub) -> None:
         choices=DOC_MODES,
         help="document splitting, as in training",
     )
+    p.add_argument("--detokenize", action="store_true", help="undo WikiText's tokenisation, as in training")
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride (default context/2)")
     p.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (as served)"
@@ -152,10 +154,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_tokenizer(args) -> None:
-    from training.data import read_split, split_documents
+    from training.data import prepare_text, read_split, split_documents
     from training.tokenizer import train_bpe
 
-    tok = train_bpe(split_documents(read_split(args.data, "train"), args.doc_mode), vocab_size=args.vocab_size)
+    text = prepare_text(read_split(args.data, "train"), args.detokenize)
+    tok = train_bpe(split_documents(text, args.doc_mode), vocab_size=args.vocab_size)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tok.save(args.out)
     print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
@@ -198,7 +201,7 @@ def run_eval(args) -> None:
     result: dict = {}
     for split in args.splits.split(","):
         result[split] = corpus_perplexity(
-            model, tok, read_split(args.data, split), args.doc_mode, args.stride
+            model, tok, read_split(args.data, split), args.doc_mode, args.stride, args.detokenize
         ).as_dict()
     if args.sentence:
         result["sentences"] = sentence_scores(model, tok, args.sentence)

@@ -17,6 +17,60 @@ import torch
 from tokenizers import Tokenizer
 
 WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")  # " = Title = " starts an article; " = = Sec = = " does not
+HEADING = re.compile(r"^ ?=[ =]*[^=].*= ?$")  # a heading line, tokenised (" = = Sec = = ") or not ("== Sec ==")
+
+# WikiText's tokenisation, undone line by line (in this order): split numbers, then punctuation spacing
+_DETOKENIZE_RULES: list[tuple[re.Pattern, str]] = [
+    (re.compile(r" @([-,.])@ "), r"\1"),  # 3 @,@ 500 -> 3,500; role @-@ playing -> role-playing
+    (re.compile(r" ([,.;:!?%)\]}])"), r"\1"),  # no space before closing punctuation
+    (re.compile(r"([(\[{$]) "), r"\1"),  # none after opening brackets or a dollar sign
+    (re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m|'t)\b"), r"\1"),  # the city 's -> the city's; don 't -> don't
+    (re.compile(r"(\w) ' (?=\w)"), r"\1' "),  # plural possessive: players ' turns -> players' turns
+    (re.compile(r" ([°])"), r"\1"),
+]
+_QUOTE = re.compile(r'(^| )" ')  # candidates for an opening double quote
+
+
+def prepare_text(raw: str, detokenize: bool) -> str:
+    """A split as the model sees it: WikiText's tokenisation undone, or the raw text."""
+    return detokenize_wikitext(raw) if detokenize else raw
+
+
+def _join_quotes(line: str) -> str:
+    """Rejoin WikiText's spaced double quotes pairwise in a line: 'a " b c " d' -> 'a "b c" d'."""
+    parts = line.split(' " ')
+    if len(parts) < 3:
+        return line
+    out = parts[0]
+    for i, part in enumerate(parts[1:]):
+        out += (' "' if i % 2 == 0 else '" ') + part  # odd quotes open, even quotes close
+    return out
+
+
+def _detokenize_line(line: str) -> str:
+    line = _join_quotes(f" {line.strip()} ").strip()
+    for pattern, repl in _DETOKENIZE_RULES:
+        line = pattern.sub(repl, line)
+    return line
+
+
+def _heading(line: str) -> str:
+    """' = = Early life ( 1900 ) = = ' -> '== Early life (1900) =='."""
+    level = line.strip().split(" ").count("=") // 2
+    title = _detokenize_line(line.strip().strip("= "))
+    return f"{'=' * level} {title} {'=' * level}"
+
+
+def detokenize_wikitext(text: str) -> str:
+    """WikiText's tokenised text as plain English: '3 @,@ 500' -> '3,500', 'city 's' -> "city's",
+    ' , ' -> ', ', spaced quotes rejoined, ' = = Sec = = ' -> '== Sec =='; line breaks are kept."""
+    lines = []
+    for line in text.split("\n"):
+        if not line.strip():
+            lines.append("")
+            continue
+        lines.append(_heading(line) if HEADING.match(line) else _detokenize_line(line))
+    return "\n".join(lines)
 
 
 class DataSourceError(RuntimeError):
@@ -55,11 +109,14 @@ def _read_hf_dataset(dataset_id: str, split: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in ds["text"])
 
 
-DocMode = Literal["wikitext", "paragraph", "line"]  # articles at ' = Title = ' lines, blank-line blocks, lines
+# articles at ' = Title = ' lines; WikiText body lines (headings joined to the line after them); blank-line
+# blocks; lines
+DocMode = Literal["wikitext", "wikitext-paragraph", "paragraph", "line"]
 
 
 def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
-    """Cut raw text into documents: WikiText articles (at ' = Title = ' lines), blank-line blocks, or lines."""
+    """Cut raw text into documents: WikiText articles (at ' = Title = ' lines), WikiText paragraphs (each
+    body line, after the headings above it), blank-line blocks, or lines."""
     if mode == "wikitext":
         docs, current = [], []
         for line in text.splitlines(keepends=True):
@@ -68,6 +125,16 @@ def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
                 current = []
             current.append(line)
         docs.append("".join(current))
+    elif mode == "wikitext-paragraph":
+        docs, headings = [], []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if HEADING.match(line):
+                headings.append(line.strip())
+            else:
+                docs.append("\n".join([*headings, line.strip()]))
+                headings = []
     elif mode == "paragraph":
         docs = re.split(r"\n\s*\n", text)
     elif mode == "line":

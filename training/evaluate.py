@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from training.data import encode_documents, split_documents
+from training.data import encode_documents, prepare_text, split_documents
 from training.model import GPT
 from training.tokenizer import eos_id
 
@@ -81,13 +81,23 @@ def stream_nll(model: GPT, stream: torch.Tensor, stride: int | None = None, batc
 
 
 def corpus_perplexity(
-    model: GPT, tokenizer: Tokenizer, text: str, doc_mode: str = "wikitext", stride: int | None = None
+    model: GPT,
+    tokenizer: Tokenizer,
+    raw: str,
+    doc_mode: str = "wikitext",
+    stride: int | None = None,
+    detokenize: bool = False,
 ) -> Perplexity:
-    """Token- and word-level perplexity of a raw-text split, encoded exactly as in training."""
+    """Token- and word-level perplexity of a raw-text split, prepared and encoded exactly as in training.
+
+    Words are always counted in the raw split, so a model trained on detokenised text is divided by
+    the same 241,211 test words as one trained on the tokenised text (lm-eval's wikitext task does
+    the same)."""
     eos = eos_id(tokenizer)
-    stream = torch.cat([torch.tensor([eos]), encode_documents(split_documents(text, doc_mode), tokenizer, eos)])
+    docs = split_documents(prepare_text(raw, detokenize), doc_mode)
+    stream = torch.cat([torch.tensor([eos]), encode_documents(docs, tokenizer, eos)])
     nll, n = stream_nll(model, stream, stride)
-    return Perplexity(nll=nll, tokens=n, words=len(text.split()))
+    return Perplexity(nll=nll, tokens=n, words=len(raw.split()))
 
 
 @torch.no_grad()

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from training import WIKITEXT2
-from training.data import DocMode, encode_documents, random_windows, read_split, split_documents
+from training.data import DocMode, encode_documents, prepare_text, random_windows, read_split, split_documents
 from training.device import resolve_device
 from training.evaluate import corpus_perplexity, sentence_scores
 from training.model import GPT, GPTConfig
@@ -46,6 +47,7 @@ class TrainConfig:
     export: str | None = option(None, "also write the shipped (best) checkpoint to this model-store folder")
     tokenizer: str | None = option(None, "tokenizer.json to use (default: OUT/tokenizer.json, trained if missing)")
     doc_mode: DocMode = option("wikitext", "how the text splits into documents (an end-of-text token follows each)")
+    detokenize: bool = option(False, "undo WikiText's tokenisation (' @,@ ' -> ',', ' , ' -> ', ') in every split")
     model: GPTConfig = field(default_factory=GPTConfig, metadata={"help": argparse.SUPPRESS})  # the model flags
     batch_size: int = option(32, "windows per process per micro-step")
     grad_accum: int = option(1, "micro-steps per optimiser step")
@@ -65,6 +67,9 @@ class TrainConfig:
     final_eval: bool = option(True, "full valid/test perplexity and the model card at the end")
     stop_at: int | None = option(None, "end this invocation after this step; rerun the command to resume")
     patience: int | None = option(None, "end the run after this many evaluations without a new best valid loss")
+    ema_decay: float | None = option(
+        None, "also keep an exponential moving average of the weights (e.g. 0.999); ships if its dev loss is lower"
+    )
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -114,22 +119,26 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
-    train_text = read_split(cfg.data, "train")
+    train_text = prepare_text(read_split(cfg.data, "train"), cfg.detokenize)
     tokenizer = load_or_train_tokenizer(cfg, train_text, is_main, distributed)
     eos = eos_id(tokenizer)
     cfg.model.vocab_size = tokenizer.get_vocab_size()
     cfg.model.eos_token_id = eos
     train_stream = encode_documents(split_documents(train_text, cfg.doc_mode), tokenizer, eos)
-    valid_text = read_split(cfg.data, "valid")
+    valid_raw = read_split(cfg.data, "valid")
+    valid_text = prepare_text(valid_raw, cfg.detokenize)
     valid_stream = encode_documents(split_documents(valid_text, cfg.doc_mode), tokenizer, eos)
 
     model = GPT(cfg.model).to(device)  # same seed on every rank: identical initial weights
     optimizer = make_optimizer(model, cfg)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay)) if cfg.ema_decay else None
     step, log = 0, []
-    ckpt_path, best_path = out / "checkpoint.pt", out / "best.pt"
+    ckpt_path, best_path, best_ema_path = out / "checkpoint.pt", out / "best.pt", out / "best_ema.pt"
     if ckpt_path.exists():  # resume: tensors and plain containers only (weights_only)
         state = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
+        if ema is not None and "ema" in state:
+            ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
         step, log = state["step"], json.loads(state["log"])
         if "rng" in state:  # dropout masks continue as if never interrupted
@@ -147,14 +156,14 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     # a resumed run sees the batches it would have seen
     gen, eval_gen = torch.Generator(), torch.Generator()
 
-    def evaluate() -> float:
-        model.eval()
+    def evaluate(net: torch.nn.Module) -> float:
+        net.eval()
         eval_gen.manual_seed(cfg.seed)  # the same validation windows every time
         losses = []
         with torch.no_grad(), autocast:
             for _ in range(cfg.eval_batches):
                 x, y = random_windows(valid_stream, cfg.batch_size, cfg.model.context_length, eval_gen)
-                losses.append(model(x.to(device), y.to(device)).loss.item())
+                losses.append(net(x.to(device), y.to(device)).loss.item())
         model.train()
         return sum(losses) / len(losses)
 
@@ -166,6 +175,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
 
     def save_checkpoint() -> None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        if ema is not None:
+            state["ema"] = ema.state_dict()
         save({**state, "log": json.dumps(log), "rng": torch.get_rng_state()}, ckpt_path)
 
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
@@ -194,14 +205,20 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update_parameters(model)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}", lr=f"{lr_at(step - 1, cfg):.2e}")
         if step % cfg.eval_interval == 0 or step == cfg.max_steps:
             entry = {"step": step, "train_loss": round(loss_sum, 4), "elapsed_s": round(time.time() - start_time, 1)}
-            entry["valid_loss"] = round(evaluate(), 4)
+            entry["valid_loss"] = round(evaluate(model), 4)
             if entry["valid_loss"] < min((e["valid_loss"] for e in log), default=math.inf):
                 save({"model": model.state_dict(), "step": step}, best_path)  # what ships: the best, not the last
+            if ema is not None:
+                entry["ema_valid_loss"] = round(evaluate(ema.module), 4)
+                if entry["ema_valid_loss"] < min((e["ema_valid_loss"] for e in log), default=math.inf):
+                    save({"model": ema.module.state_dict(), "step": step}, best_ema_path)
             log.append(entry)
             if is_main:
                 bar.write(json.dumps(entry))
@@ -215,9 +232,11 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
 
     metrics: dict = {}
     if is_main and (step == cfg.max_steps or evals_since_best(log) == cfg.patience):
-        if best_path.exists():
-            model.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)["model"])
-        metrics = finish_run(cfg, model, tokenizer, log, valid_text, command)
+        best_ema = min((e["ema_valid_loss"] for e in log if "ema_valid_loss" in e), default=math.inf)
+        shipped = best_ema_path if best_ema < min(e["valid_loss"] for e in log) else best_path
+        if shipped.exists():
+            model.load_state_dict(torch.load(shipped, map_location=device, weights_only=True)["model"])
+        metrics = finish_run(cfg, model, tokenizer, log, valid_raw, command, ema=shipped == best_ema_path)
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
@@ -225,7 +244,7 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
 
 
 def finish_run(
-    cfg: TrainConfig, model: GPT, tokenizer: Tokenizer, log: list[dict], valid_text: str, command: str
+    cfg: TrainConfig, model: GPT, tokenizer: Tokenizer, log: list[dict], valid_raw: str, command: str, ema: bool = False
 ) -> dict:
     """Final evaluation, loss curve, and the exported model-store checkpoint with its card."""
     from model_store.store import write_checkpoint  # the store owns the on-disk format
@@ -235,19 +254,21 @@ def finish_run(
     with torch.no_grad():  # evaluate exactly what ships: weights rounded to the stored half precision
         for p in model.parameters():
             p.copy_(p.half().float())
-    best = min(log, key=lambda e: e["valid_loss"]) if log else {}
+    key = "ema_valid_loss" if ema else "valid_loss"
+    best = min(log, key=lambda e: e[key]) if log else {}
     metrics: dict = {
         "steps": log[-1]["step"] if log else 0,
         "best_step": best.get("step", 0),
-        "best_valid_loss": best.get("valid_loss"),
+        "best_valid_loss": best.get(key),
+        "weights": "ema" if ema else "raw",
         "wall_time_s": log[-1]["elapsed_s"] if log else 0.0,
         "parameters": model.num_parameters(),
         "final_train_loss": log[-1]["train_loss"] if log else None,
         "final_valid_loss": log[-1]["valid_loss"] if log else None,
     }
     if cfg.final_eval:
-        metrics["valid"] = corpus_perplexity(model, tokenizer, valid_text, cfg.doc_mode).as_dict()
-        metrics["test"] = corpus_perplexity(model, tokenizer, read_split(cfg.data, "test"), cfg.doc_mode).as_dict()
+        for split, raw in (("valid", valid_raw), ("test", read_split(cfg.data, "test"))):
+            metrics[split] = corpus_perplexity(model, tokenizer, raw, cfg.doc_mode, detokenize=cfg.detokenize).as_dict()
         metrics["sentences"] = sentence_scores(model, tokenizer, DEFAULT_SENTENCES)
     plot_loss_curve(log, out / "loss_curve.png")
     card = write_gpt_card(cfg_dict=asdict(cfg), metrics=metrics, command=command)
