@@ -5,6 +5,8 @@ A checkpoint is a folder under the store root:
     config.json         architecture + hyper-parameters ("architecture": "gpt" | "mlm")
     model.safetensors   weights (safetensors only: nothing here ever unpickles)
     tokenizer.json      Hugging Face `tokenizers` file
+    tokenizer_config.json  its special tokens, so `AutoTokenizer.from_pretrained(folder)` knows EOS (older
+                        checkpoints without it still load here)
     README.md           model card; metrics.json: the same figures, machine-readable
     manifest.json       sha256 and size of every other file
 
@@ -27,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from training.model import GPT, GPTConfig
+from training.tokenizer import EOS_TOKEN
 
 STORE_ROOT = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
@@ -86,12 +89,25 @@ def write_checkpoint(
         if not (model.config.tie_weights and name == "lm_head.weight")
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save(str(folder / "tokenizer.json"))
+    write_tokenizer(folder, tokenizer, model.config.context_length)
     (folder / "README.md").write_text(card)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     for name, src in (extra_files or {}).items():
         shutil.copyfile(src, folder / name)
     write_manifest(folder)
+
+
+def write_tokenizer(folder: Path, tokenizer: Tokenizer, context_length: int) -> None:
+    """tokenizer.json and the tokenizer_config.json that tells transformers (and through it lm-eval) which
+    token ends a document; PreTrainedTokenizerFast is the class every transformers version knows."""
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "model_max_length": context_length,
+        "clean_up_tokenization_spaces": False,  # byte-level BPE round-trips text exactly
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def resolve(model_id: str, root: Path = STORE_ROOT) -> Path:

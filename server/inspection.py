@@ -1,13 +1,14 @@
 """Looking inside the models: token scores, attention maps (JSON or PNG) and fill-mask.
 
-These run on the request's worker thread (FastAPI runs sync endpoints in a thread pool), directly on
-the model: they are single forward passes, so they bypass the generation engine.
+Single forward passes, directly on the model (not through the generation engine); the routers run
+them on the compute thread.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,22 +40,43 @@ def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tenso
     return enc
 
 
+@dataclass
+class TokenLogprobs:
+    """log p(ids[t] | ids[:t]) for t = 1..T-1 of a sequence, with the top alternatives at each position."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]  # per position: (token id, logprob), most likely first
+
+
 @torch.inference_mode()
+def token_logprobs(m: ServedModel, ids: list[int], top_n: int) -> TokenLogprobs:
+    """One forward pass over the sequence; the first token has no prediction. /score and the echoed
+    prompts of /v1/completions both read their logprobs here."""
+    x = torch.tensor([ids], device=next(m.model.parameters()).device)
+    logp = torch.log_softmax(m.model(x).logits[0, :-1].float(), dim=-1)  # (T-1, V): row t predicts ids[t+1]
+    targets = torch.tensor(ids[1:], device=logp.device)
+    chosen = logp[torch.arange(len(ids) - 1, device=logp.device), targets].tolist()
+    top: list[list[tuple[int, float]]] = [[] for _ in chosen]
+    if top_n:
+        vals, alt = logp.topk(top_n, dim=-1)
+        top = [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
+    return TokenLogprobs(chosen, top)
+
+
 def score(m: ServedModel, text: str, top_n: int) -> dict:
-    """Log-probability of every token given the ones before it (the first token is given)."""
-    eos = m.model.config.eos_token_id
+    """Log-probability of every token of the text read as a new document (after the end-of-text token)."""
     ids = gpt_ids(m, text, "text")[: m.context_length - 1]
-    x = torch.tensor([[eos] + ids], device=next(m.model.parameters()).device)  # read as a new document
-    logp = torch.log_softmax(m.model(x).logits[0, :-1].float(), dim=-1)  # (T, V): row t predicts ids[t]
-    chosen = logp[torch.arange(len(ids)), torch.tensor(ids, device=logp.device)]
-    tokens = []
-    for t, tid in enumerate(ids):
-        top = []
-        if top_n:
-            vals, alt = logp[t].topk(top_n)
-            top = [(m.tokenizer.decode([int(a)]), float(v)) for a, v in zip(alt, vals, strict=True)]
-        tokens.append({"id": tid, "text": m.tokenizer.decode([tid]), "logprob": float(chosen[t]), "top_tokens": top})
-    loss = float(-chosen.mean())
+    scored = token_logprobs(m, [m.model.config.eos_token_id, *ids], top_n)
+    tokens = [
+        {
+            "id": tid,
+            "text": m.tokenizer.decode([tid]),
+            "logprob": lp,
+            "top_tokens": [(m.tokenizer.decode([a]), v) for a, v in alts],
+        }
+        for tid, lp, alts in zip(ids, scored.logprobs, scored.top, strict=True)
+    ]
+    loss = -sum(scored.logprobs) / len(ids)
     return {"model": m.id, "tokens": tokens, "loss": loss, "perplexity": math.exp(loss), "scored_tokens": len(ids)}
 
 

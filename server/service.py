@@ -67,18 +67,22 @@ def prepare_completion(
     registry: ModelRegistry,
     settings: Settings,
     model_id: str | None,
-    prompt: str,
+    prompt: str | list[int],
     params: SamplingParams,
     truncate: int | None = None,
     fields: Fields = DEFAULT_FIELDS,
 ) -> CompletionJob:
+    """A prompt given as text or as token ids, checked against the model and its limits."""
     m = find_model(registry, model_id, "gpt", fields.model)
     check_logit_bias(m, params.logit_bias, fields.logit_bias)
-    return CompletionJob(m, encode_prompt(m, prompt, settings, truncate, fields.prompt), params)
+    if isinstance(prompt, str):
+        ids = encode_prompt(m, prompt, settings, fields.prompt)
+    else:
+        ids = check_token_ids(m, prompt, fields.prompt)
+    return CompletionJob(m, fit_prompt(m, ids, settings, truncate, fields.prompt), params)
 
 
-def encode_prompt(m: ServedModel, text: str, settings: Settings, truncate: int | None, field: str) -> list[int]:
-    """Prompt token ids; over-long prompts are refused unless truncation is asked for (or configured)."""
+def encode_prompt(m: ServedModel, text: str, settings: Settings, field: str) -> list[int]:
     if len(text) > settings.max_prompt_chars:
         raise APIError(
             422,
@@ -89,6 +93,21 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, truncate: int |
     ids = m.tokenizer.encode(text, add_special_tokens=False).ids
     if not ids:
         raise APIError(422, f"{field}: prompt must not be empty", field)
+    return ids
+
+
+def check_token_ids(m: ServedModel, ids: list[int], field: str) -> list[int]:
+    """A prompt sent as token ids: each must be in the vocabulary; the error names the index."""
+    vocab = m.model.config.vocab_size
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        where = f"{field}[{bad}]"
+        raise APIError(422, f"{where}: token id {ids[bad]} is outside the vocabulary [0, {vocab})", where)
+    return ids
+
+
+def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int | None, field: str) -> list[int]:
+    """Over-long prompts are refused unless truncation is asked for (or configured)."""
     if truncate:
         ids = ids[-truncate:]
     limit = m.context_length - 1  # room for one new token

@@ -27,7 +27,14 @@ def test_round_trip_keeps_outputs(checkpoint, tiny_trained_gpt):
 
 def test_manifest_lists_every_file(checkpoint):
     files = json.loads((checkpoint / "manifest.json").read_text())["files"]
-    assert set(files) == {"config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json"}
+    assert set(files) == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "metrics.json",
+    }
     assert all(len(f["sha256"]) == 64 for f in files.values())
 
 
@@ -88,3 +95,23 @@ def test_model_ids_cannot_leave_the_store(bad, tmp_path):
 
 def test_plain_model_id_resolves_inside_the_store(tmp_path):
     assert resolve("gpt-wikitext2", tmp_path) == (tmp_path / "gpt-wikitext2").resolve()
+
+
+def test_gpt_tokenizer_loads_in_transformers_with_its_end_of_text_token(checkpoint, tiny_tokenizer):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == tiny_tokenizer.token_to_id("<|endoftext|>")
+    text = "The castle was built in 1350 ."
+    assert tok(text)["input_ids"] == tiny_tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_checkpoint_without_tokenizer_config_still_loads(checkpoint, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(checkpoint, old)
+    (old / "tokenizer_config.json").unlink()
+    write_manifest(old)
+    model, tok = load_gpt(old)
+    assert tok.token_to_id("<|endoftext|>") == model.config.eos_token_id

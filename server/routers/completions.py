@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 
+from server import inspection
+from server.compute import ComputeThread
 from server.dependencies import AppSettings, Registry
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, openai_error_body
 from server.registry import ServedModel
 from server.routers.sse import sse_response
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
-from server.service import collect_all, find_model, merged_events, prepare_completion
+from server.service import CompletionJob, Fields, collect_all, find_model, merged_events, prepare_completion
 
 router = APIRouter(tags=["completion (OpenAI format)"])
 
@@ -41,38 +45,53 @@ async def get_model(model_id: str, registry: Registry) -> Model:
 @router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)
 async def completions(body: CompletionRequest, request: Request, registry: Registry, settings: AppSettings):
     """Complete each prompt `n` times (choice index = prompt index × n + sample); with `logprobs`,
-    per-token logprobs and alternatives; with `stream`, SSE chunks, each naming its choice."""
+    per-token logprobs and alternatives (with `echo`, the prompt's too); with `stream`, SSE chunks, each
+    naming its choice. `max_tokens: 0` with `echo` scores the prompts without generating."""
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(422, "max_tokens: 0 generates nothing; it scores the prompt only with echo: true", "max_tokens")
     params = body.to_sampling_params(settings)
-    prompt_jobs = [prepare_completion(registry, settings, body.model, prompt, params) for prompt in body.prompt]
+    many = len(body.prompt) > 1
+    prompt_jobs = [
+        prepare_completion(
+            registry, settings, body.model, prompt, params, fields=Fields(prompt=f"prompt[{i}]" if many else "prompt")
+        )
+        for i, prompt in enumerate(body.prompt)
+    ]
     jobs = [  # n samples of each prompt, encoded once
         replace(job, params=replace(params, seed=None if params.seed is None else params.seed + j))
         for job in prompt_jobs
         for j in range(body.n)
     ]
     m = jobs[0].model
-    prefixes = [prompt if body.echo else "" for prompt in body.prompt for _ in range(body.n)]
+    echoed = [await echo_of(job, body.logprobs, registry.compute) if body.echo else Echo("") for job in prompt_jobs]
+    prefixes = [e for e in echoed for _ in range(body.n)]
     cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
-    def logprobs_of(tokens: list[TokenEvent], offset: int) -> Logprobs | None:
+    def logprobs_of(tokens: list[TokenEvent], offset: int, prefix: Echo) -> Logprobs | None:
         if body.logprobs is None:
             return None
-        out = Logprobs(top_logprobs=[] if body.logprobs else None)
+        out = prefix.logprobs.model_copy(deep=True) if prefix.logprobs else Logprobs()
+        if body.logprobs and out.top_logprobs is None:
+            out.top_logprobs = []
         for t in tokens:
             out.tokens.append(t.token_text)
             out.token_logprobs.append(t.logprob)
             out.text_offset.append(offset)
             offset += len(t.text)
             if body.logprobs:
-                out.top_logprobs.append({a.text: a.logprob for a in t.top_logprobs})
+                out.top_logprobs.append(top_dict((a.text, a.logprob) for a in t.top_logprobs))
         return out
 
     if not body.stream:
-        results = await collect_all(jobs, settings, request.is_disconnected)
+        if body.max_tokens == 0:
+            results = [([], FinishEvent("length", "", 0, len(job.prompt_ids))) for job in jobs]
+        else:
+            results = await collect_all(jobs, settings, request.is_disconnected)
         choices = [
             Choice(
                 index=i,
-                text=prefixes[i] + finish.text,
-                logprobs=logprobs_of(tokens, len(prefixes[i])),
+                text=prefixes[i].text + finish.text,
+                logprobs=logprobs_of(tokens, len(prefixes[i].text), prefixes[i]),
                 finish_reason=OPENAI_FINISH[finish.reason],
             )
             for i, (tokens, finish) in enumerate(results)
@@ -93,14 +112,18 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
                 exclude_none=True
             )}  # fmt: skip
 
-        offsets = [len(p) for p in prefixes]
+        offsets = [len(p.text) for p in prefixes]
         try:
             for i, prefix in enumerate(prefixes):
-                if prefix:
-                    yield chunk(i, prefix)
+                if prefix.text:
+                    last = body.max_tokens == 0
+                    yield chunk(i, prefix.text, "length" if last else None, prefix.logprobs)
+            if body.max_tokens == 0:
+                yield {"data": "[DONE]"}
+                return
             async for i, e in merged_events(jobs, settings):
                 if isinstance(e, TokenEvent):
-                    yield chunk(i, e.text, lp=logprobs_of([e], offsets[i]))
+                    yield chunk(i, e.text, lp=logprobs_of([e], offsets[i], Echo("")))
                     offsets[i] += len(e.text)
                 elif isinstance(e, FinishEvent):
                     yield chunk(i, e.tail, OPENAI_FINISH[e.reason])
@@ -109,3 +132,38 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         yield {"data": "[DONE]"}
 
     return sse_response(stream(), settings)
+
+
+def top_dict(alternatives: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """OpenAI's {text: logprob}, most likely first; tokens whose texts collide (partial UTF-8 bytes all
+    decode to U+FFFD) keep the likelier one."""
+    out: dict[str, float] = {}
+    for text, logprob in alternatives:
+        out.setdefault(text, logprob)
+    return out
+
+
+class Echo(NamedTuple):
+    """An echoed prompt: its text and, when logprobs were asked for, its tokens' logprobs."""
+
+    text: str
+    logprobs: Logprobs | None = None
+
+
+async def echo_of(job: CompletionJob, alternatives: int | None, compute: ComputeThread) -> Echo:
+    """The prompt as text (decoded from its ids, so token-id prompts echo too) and, with `logprobs`, each
+    prompt token's logprob (the first is null: nothing predicts it), offset and top alternatives."""
+    m, ids = job.model, job.prompt_ids
+    text = m.tokenizer.decode(ids)
+    if alternatives is None:
+        return Echo(text)
+    scored = await compute.run(inspection.token_logprobs, m, ids, alternatives)
+    decode = m.tokenizer.decode
+    top = [top_dict((decode([a]), v) for a, v in alts) for alts in scored.top]
+    logprobs = Logprobs(
+        tokens=[decode([t]) for t in ids],
+        token_logprobs=[None, *scored.logprobs],
+        text_offset=[len(decode(ids[:i])) for i in range(len(ids))],
+        top_logprobs=[None, *top] if alternatives else None,
+    )
+    return Echo(text, logprobs)

@@ -7,13 +7,13 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
-def _no_nul(text: str) -> str:
+def no_nul(text: str) -> str:
     if "\x00" in text:
         raise ValueError("NUL characters (\\u0000) are not allowed in text")
     return text
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(no_nul)]
 
 
 class RequestModel(BaseModel):

@@ -11,14 +11,16 @@ from server.schemas.base import RequestModel, Text
 
 class ScoreRequest(RequestModel):
     model: str | None = Field(None, description="A completion model (default: the first).")
-    text: Text = Field(..., min_length=1, description="Text to score; every token after the first is predicted.")
+    text: Text = Field(
+        ..., min_length=1, description="Text to score, read as a new document: every token is predicted."
+    )
     top_n_tokens: int = Field(0, ge=0, le=10, description="Also return this many most likely alternatives per token.")
 
 
 class ScoredToken(BaseModel):
     id: int
     text: str
-    logprob: float | None = Field(description="log p(token | previous tokens); null for the first token")
+    logprob: float = Field(description="log p(token | previous tokens); the first token follows the end-of-text token")
     top_tokens: list[tuple[str, float]] = []
 
 

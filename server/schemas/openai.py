@@ -4,27 +4,48 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
 from server.config import Settings
-from server.schemas.base import Text
+from server.schemas.base import Text, no_nul
 from server.schemas.generation import EosControls, LogitBias, StopSequence
 from training.sampling import SamplingParams
+
+MAX_PROMPTS = 16
+Prompt = str | list[int]  # text, or token ids
+
+
+def _is_token_ids(v: object) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
 class CompletionRequest(EosControls):
     model: str = Field(..., description="Model id from GET /models.")
-    prompt: Text | list[Text] = Field(..., description="The prompt, or a list of up to 16 prompts.")
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
+        ...,
+        description=f"A prompt as text or as token ids, or a list of up to {MAX_PROMPTS} of either (each "
+        "completed in turn). Token ids are checked against the model's vocabulary.",
+    )
     max_tokens: int = Field(
-        16, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
+        16,
+        ge=0,
+        le=100_000,
+        description="Tokens to generate at most (capped by the server's max_new_tokens_cap); 0 with `echo` "
+        "scores the prompt without generating.",
     )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
     n: int = Field(1, ge=1, le=16, description="Completions per prompt (seed s gives seeds s, s+1, ...).")
     stream: bool = False
-    logprobs: int | None = Field(None, ge=0, le=5, description="Return logprobs of this many alternatives.")
-    echo: bool = Field(False, description="Prepend the prompt to the completion.")
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="Return the tokens' logprobs and this many most likely alternatives (0 to 5)."
+    )
+    echo: bool = Field(
+        False,
+        description="Prepend the prompt to the completion; with `logprobs`, the prompt tokens' logprobs too "
+        "(the first one null).",
+    )
     stop: StopSequence | list[StopSequence] = Field([], description="Up to 4 stop sequences.")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
@@ -52,14 +73,26 @@ class CompletionRequest(EosControls):
             **self.eos_params(settings),
         )
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _prompts(cls, v: str | list[str]) -> list[str]:
-        prompts = [v] if isinstance(v, str) else v
-        if not 1 <= len(prompts) <= 16:
-            raise ValueError("give 1 to 16 prompts")
-        if not all(prompts):
-            raise ValueError("prompt must not be empty")
+    def _prompts(cls, v: object, handler: ValidatorFunctionWrapHandler) -> list[Prompt]:
+        """Every accepted shape as a list of prompts; validated here, so an error names `prompt`, not a
+        member of the union."""
+        prompts = [v] if isinstance(v, str) or _is_token_ids(v) else v
+        if not isinstance(prompts, list):
+            raise ValueError("must be a string, a list of token ids, or a list of either")
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ValueError(f"give 1 to {MAX_PROMPTS} prompts")
+        for i, p in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if isinstance(p, str):
+                if not p:
+                    raise ValueError(f"{where} must not be empty")
+                no_nul(p)
+            elif not _is_token_ids(p):
+                raise ValueError(f"{where} must be a non-empty string or a non-empty list of integer token ids")
+            elif (bad := next((j for j, t in enumerate(p) if t < 0), None)) is not None:
+                raise ValueError(f"{where}[{bad}]: token ids are non-negative")
         return prompts
 
     @field_validator("stop")
@@ -73,8 +106,8 @@ class CompletionRequest(EosControls):
 
 class Logprobs(BaseModel):
     tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None] = []  # null for an echoed prompt's first token (nothing predicts it)
+    top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int] = []
 
 
