@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
 from tests.conftest import FIXTURES
 from training import SHARED_DATA
+from training.eos import eos_lengths
 from training.sampling import SamplingParams
 from training.tokenizer import eos_id
 from training.variants import variant_overrides
@@ -73,3 +74,16 @@ def test_shipped_attention_variants_restore_their_settings_and_generate():
         prompt = torch.tensor([tok.encode(" The church was built in the").ids])
         out = model.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
         assert out.shape[1] > 0, folder.name
+
+
+def test_shipped_completions_read_as_english_and_end_with_their_paragraph():
+    """Trained on detokenised WikiText with one document per paragraph: no ' @,@ ' or ' , ' in what it
+    writes, EOS ends some 128-token completions by itself, and an EOS bias of -8 makes it go on."""
+    model, tok = load_gpt(SHIPPED)
+    plain, longer = eos_lengths(model, tok, "The castle was built in", biases=(0.0, -8.0), seeds=20)
+    for text in plain.samples:
+        for artefact in (" @-@ ", " @,@ ", " @.@ ", " , ", " 's ", " ."):
+            assert artefact not in text, (artefact, text)
+    assert plain.ended_share >= 0.2, plain
+    assert longer.ended_share <= 0.1, longer
+    assert longer.mean_tokens > plain.mean_tokens

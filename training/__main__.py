@@ -1,4 +1,5 @@
-"""Command line: `python -m training {tokenizer,gpt,eval,complete,esperberto,kurtosis,experiments,pilots} --help`."""
+"""Command line: `python -m training COMMAND --help`, COMMAND one of tokenizer, gpt, eval, complete, eos,
+esperberto, kurtosis, experiments, pilots."""
 
 from __future__ import annotations
 
@@ -103,6 +104,15 @@ def add_complete_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
+def add_eos_parser(sub) -> None:
+    p = sub.add_parser("eos", help="completion length and the share that ends by itself, per EOS bias")
+    p.add_argument("checkpoint", help="model-store checkpoint folder")
+    p.add_argument("--prompt", default="The castle was built in", help="the prompt every completion continues")
+    p.add_argument("--seeds", type=int, default=20, help="completions per bias")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
+    p.add_argument("--biases", type=float, nargs="+", default=[4.0, 0.0, -4.0, -8.0], help="EOS biases to compare")
+
+
 def add_esperberto_parser(sub) -> None:
     from training.esperberto.train import MLMTrainConfig
 
@@ -130,6 +140,7 @@ def build_parser() -> HfArgumentParser:
     add_gpt_parser(sub)
     add_eval_parser(sub)
     add_complete_parser(sub)
+    add_eos_parser(sub)
     add_esperberto_parser(sub)
     add_kurtosis_parser(sub)
     add_experiments_parser(sub)
@@ -145,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpt": run_gpt,
         "eval": run_eval,
         "complete": run_complete,
+        "eos": run_eos,
         "esperberto": run_esperberto,
         "kurtosis": run_kurtosis,
         "experiments": run_experiments,
@@ -228,6 +240,15 @@ def run_complete(args) -> None:
     )
     out = model.generate(ids, params)
     print(args.prompt + tok.decode(out[0].tolist()))
+
+
+def run_eos(args) -> None:
+    from model_store import load_gpt
+    from training.eos import eos_lengths, eos_table
+
+    model, tok = load_gpt(Path(args.checkpoint))
+    rows = eos_lengths(model, tok, args.prompt, tuple(args.biases), args.seeds, args.max_new_tokens)
+    print(eos_table(rows, args.prompt, args.seeds, args.max_new_tokens))
 
 
 def run_esperberto(args) -> None:
