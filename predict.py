@@ -90,8 +90,8 @@ class Predictor(BasePredictor):
                     max_new_tokens=max_new_tokens,
                     do_sample=temperature > 0,
                     temperature=temperature or None,
-                    top_k=top_k or None,
-                    top_p=None if top_p >= 1.0 else top_p,
+                    top_k=(top_k or None) if temperature > 0 else None,  # a warper would sample (TGI's rule)
+                    top_p=None if top_p >= 1.0 or temperature == 0 else top_p,
                     repetition_penalty=repetition_penalty,
                     stop=[s for s in stop.split("|") if s],
                     seed=None if seed < 0 else seed,

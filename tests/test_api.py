@@ -376,3 +376,24 @@ def test_leaving_a_stream_cancels_generation(client):
     while m.engine.stats.finished["cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert m.engine.stats.finished["cancelled"] == before + 1
+
+
+def test_tgi_sampling_rule_and_the_seed_it_reports(client):
+    """TGI samples when do_sample or a warper (temperature != 1, top_k, top_p) is set, and reports the
+    seed it used: drawn when the request gave none, null when greedy."""
+
+    def details(**parameters):
+        body = {"inputs": "The river", "parameters": {"max_new_tokens": 12, "eos_bias": -1e9, "details": True}}
+        body["parameters"] |= parameters
+        r = client.post("/generate", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["generated_text"], r.json()["details"].get("seed")  # null fields are left out
+
+    greedy, seed = details()
+    assert seed is None and details(temperature=1.0) == (greedy, None)  # temperature 1 is no warper
+    assert details(temperature=0.7, seed=5) == details(do_sample=True, temperature=0.7, seed=5)
+    assert details(top_k=3, seed=5)[1] == 5
+    texts, seeds = zip(*(details(temperature=1.5) for _ in range(4)), strict=True)
+    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 4  # drawn per request
+    assert len(set(texts)) > 1  # sampled, not greedy
+    assert details(temperature=1.5, seed=seeds[0]) == (texts[0], seeds[0])  # the reported seed reproduces it

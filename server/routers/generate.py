@@ -47,7 +47,8 @@ async def generate(
     body: GenerateRequest, request: Request, registry: Registry, settings: AppSettings
 ) -> GenerateResponse:
     """Complete `inputs`; with `parameters.details`, also the finish reason and per-token logprobs."""
-    events, finish = await collect(prepare(body, registry, settings), settings, request.is_disconnected)
+    job = prepare(body, registry, settings)
+    events, finish = await collect(job, settings, request.is_disconnected)
     tokens = [tgi_token(e) for e in events]
     tops = [top_tokens(e) for e in events]
     text = (body.inputs if body.parameters.return_full_text else "") + finish.text
@@ -56,7 +57,7 @@ async def generate(
         details = Details(
             finish_reason=finish.reason,
             generated_tokens=finish.generated_tokens,
-            seed=body.parameters.seed,
+            seed=job.params.seed,
             tokens=tokens,
             top_tokens=tops if body.parameters.top_n_tokens else None,
         )
@@ -85,7 +86,7 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
                     final = last or TokenEvent(job.model.model.config.eos_token_id, "", special=True)
                     final = replace(final, text=final.text + e.tail)
                     details = StreamDetails(
-                        finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=body.parameters.seed
+                        finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=job.params.seed
                     )
                     response = StreamResponse(
                         token=tgi_token(final),

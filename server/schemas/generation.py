@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, Strict, StringConstraints, field_validator
@@ -59,7 +60,9 @@ class GenerateParameters(EosControls):
     max_new_tokens: int = Field(
         20, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
     )
-    do_sample: bool = Field(False, description="Sample; false = greedy decoding (as TGI).")
+    do_sample: bool = Field(
+        False, description="Sample. As in TGI, setting temperature (other than 1), top_k or top_p samples too."
+    )
     temperature: float | None = Field(None, gt=0.0, le=100.0, description="Softmax temperature (> 0) when sampling.")
     top_k: int | None = Field(None, gt=0, description="Sample among the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, lt=1.0, description="Nucleus sampling: smallest set with this mass.")
@@ -78,9 +81,18 @@ class GenerateParameters(EosControls):
     best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
     typical_p: float | None = Field(None, description="Not supported: must be null.")
 
+    @property
+    def sampling(self) -> bool:
+        """TGI's rule: sample when do_sample is set or any warper is (a temperature other than 1, top_k,
+        top_p); greedy otherwise."""
+        warpers = (self.temperature not in (None, 1.0)) or self.top_k is not None or self.top_p is not None
+        return self.do_sample or warpers
+
     def to_sampling_params(self, settings: Settings) -> SamplingParams:
-        """TGI semantics: greedy unless do_sample; logprobs when details or top_n_tokens are asked for."""
-        greedy = not self.do_sample
+        """TGI semantics: greedy unless sampling (above); a sampled request without a seed gets one drawn
+        here, so details.seed can report it; logprobs when details or top_n_tokens are asked for."""
+        greedy = not self.sampling
+        seed = self.seed if greedy or self.seed is not None else secrets.randbelow(2**63)
         return SamplingParams(
             max_new_tokens=min(self.max_new_tokens, settings.max_new_tokens_cap),
             temperature=0.0 if greedy else (self.temperature or 1.0),
@@ -88,7 +100,7 @@ class GenerateParameters(EosControls):
             top_p=None if greedy else self.top_p,
             repetition_penalty=self.repetition_penalty or 1.0,
             stop=list(self.stop),
-            seed=self.seed,
+            seed=None if greedy else seed,
             logit_bias=dict(self.logit_bias),
             logprobs=self.details or self.top_n_tokens is not None,
             top_logprobs=self.top_n_tokens or 0,
@@ -126,7 +138,7 @@ class Token(BaseModel):
 class Details(BaseModel):
     finish_reason: FinishReason
     generated_tokens: int
-    seed: int | None = None
+    seed: int | None = Field(None, description="The seed the sampler used (drawn when none was given); null if greedy")
     prefill: list[Token] = []
     tokens: list[Token] = []
     top_tokens: list[list[Token]] | None = None
