@@ -4,6 +4,7 @@ tinyserve serve [--port 9000 ...]            python -m server
 tinyserve serve-ray [--max-replicas 4 ...]   python -m server.ray_serve (Ray Serve replicas; extra: [ray])
 tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
 tinyserve eval|complete|kurtosis|experiments  python -m training eval|complete|kurtosis|experiments
+tinyserve export MODEL OUT --format hf       a store GPT as a GPT-NeoX checkpoint for transformers
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("what", choices=TRAIN, nargs="?")
     for name in TRAINING_TOOLS:
         sub.add_parser(name, help=f"python -m training {name} (options: tinyserve {name} --help)", add_help=False)
+    sub.add_parser("export", help="a store GPT as a Hugging Face checkpoint (tinyserve export --help)", add_help=False)
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "export":
+        return export(rest)
     if args.command == "serve":
         from server.__main__ import main as serve
 
@@ -40,6 +44,27 @@ def main(argv: list[str] | None = None) -> None:
             train.error(f"say what to train: {', '.join(TRAIN)}")
         return training([args.what, *rest])
     return training([args.command, *rest])
+
+
+def export(argv: list[str]) -> None:
+    from pathlib import Path
+
+    import torch
+
+    from model_store.export import ExportError, export_hf
+    from model_store.store import CheckpointError
+    from server.config import Settings  # the store is the server's setting: TINYSERVE_STORE
+
+    p = argparse.ArgumentParser(prog="tinyserve export", description="write a store GPT in another format")
+    p.add_argument("model", help="model id in the store (TINYSERVE_STORE)")
+    p.add_argument("out", type=Path, help="output folder")
+    p.add_argument("--format", default="hf", choices=["hf"], help="hf: a GPT-NeoX checkpoint for transformers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights' dtype")
+    args = p.parse_args(argv)
+    try:
+        print(export_hf(Settings().store / args.model, args.out, getattr(torch, args.dtype)))
+    except (ExportError, CheckpointError) as e:
+        p.exit(2, f"tinyserve export: {e}\n")
 
 
 if __name__ == "__main__":
