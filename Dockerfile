@@ -25,6 +25,7 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt \
     && useradd --create-home --uid 10001 tinyserve
+COPY --chown=tinyserve:tinyserve models/ models/
 COPY --chown=tinyserve:tinyserve training/ training/
 COPY --chown=tinyserve:tinyserve model_store/ model_store/
 COPY --chown=tinyserve:tinyserve server/ server/

@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from model_store import STORE_ROOT, KVCache, load_gpt  # noqa: E402
+from models.kv_cache import StaticKVCache  # noqa: E402
 from server.decode_step import eager_step  # noqa: E402
-from training.kv_cache import StaticKVCache  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 COLUMNS, STEPS = 128, 64

@@ -44,11 +44,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
+from models.sampling import SamplingParams  # noqa: E402
 from scripts.processes import http_server  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.engine import FinishEvent  # noqa: E402
 from server.registry import ModelRegistry, ServedModel  # noqa: E402
-from training.sampling import SamplingParams  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 NEW_TOKENS = 64

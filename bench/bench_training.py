@@ -29,7 +29,7 @@ def one_mode(args: argparse.Namespace) -> dict:
     """Time training steps in this process with one mode."""
     import torch
 
-    from training.model import GPT, GPTConfig
+    from models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     cfg = GPTConfig(

@@ -14,8 +14,8 @@ from model_store.store import (
     validate,
     write_checkpoint,
 )
-from training.kv_cache import KVCache
-from training.model import GPT, GPTConfig
+from models.gpt import GPT, GPTConfig
+from models.kv_cache import KVCache
 
 __all__ = [
     "GPT",

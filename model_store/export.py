@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from model_store.store import load_gpt, write_tokenizer
-from training.model import GPT, GPTConfig
+from models.gpt import GPT, GPTConfig
 
 # setting -> the value NeoX can express
 NEOX_SETTINGS = {

@@ -28,8 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from training.model import GPT, GPTConfig
-from training.tokenizer import EOS_TOKEN
+from models.gpt import GPT, GPTConfig
+from models.tokenizer import EOS_TOKEN
 
 STORE_ROOT = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
@@ -244,7 +244,7 @@ def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     """
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    import training.esperberto  # noqa: F401  (registers the softmax1 attention function)
+    import models.esperberto  # noqa: F401  (registers the softmax1 attention function)
 
     folder = Path(folder)
     config = validate(folder)

@@ -15,12 +15,22 @@ import collections
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-if TYPE_CHECKING:
-    from server.engine import GenerationEngine
+
+class Scheduler(Protocol):
+    """What the compute thread drives: an engine's scheduling loop, one iteration per call."""
+
+    wake: Callable[[], None]  # set by the thread: call it when work arrives
+
+    def has_work(self) -> bool: ...
+
+    def run_once(self) -> None: ...
+
+    def cancel_all(self, message: str) -> None: ...
+
 
 T = TypeVar("T")
 
@@ -33,7 +43,7 @@ class ComputeThread:
     def __init__(self, name: str = "compute") -> None:
         self.name = name
         self._jobs: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
-        self._engines: list[GenerationEngine] = []
+        self._engines: list[Scheduler] = []
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -62,7 +72,7 @@ class ComputeThread:
 
     # -- work ----------------------------------------------------------------------------------
 
-    def attach(self, engine: GenerationEngine) -> None:
+    def attach(self, engine: Scheduler) -> None:
         """Drive this engine's scheduling loop (admit, decode step) from the compute thread."""
         with self._wake:
             self._engines.append(engine)

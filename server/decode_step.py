@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from model_store import GPT, KVCache
-from training.kv_cache import StaticKVCache
+from models.kv_cache import StaticKVCache
 
 # (tokens (b, 1), positions (b, 1), *cache tensors) -> logits (b, vocab); mutates the cache tensors
 StepFn = Callable[..., torch.Tensor]

@@ -16,14 +16,14 @@ import torch
 from server.decode_step import buckets
 
 if TYPE_CHECKING:  # transformers takes 2 s to import: loaded with the first fill-mask model
-    from training.esperberto.model import MaskedLM
+    from models.esperberto.model import MaskedLM
 
 # (input_ids (1, T), attention_mask (1, T) or None for no padding) -> final hidden states (1, T, C)
 EncodeFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def eager_encoder(model: MaskedLM) -> EncodeFn:
-    from training.esperberto.model import encoder
+    from models.esperberto.model import encoder
 
     body = encoder(model)  # the encoder's own forward: the compute thread's guard hook sits on the whole model
 

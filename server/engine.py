@@ -23,10 +23,10 @@ import torch
 from tokenizers import Tokenizer
 
 from model_store import GPT, KVCache
+from models.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 from server.compute import ComputeThread
 from server.decode_step import DecodeStep
 from server.detokenizer import Detokenizer
-from training.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,8 @@ def attention_png(result: dict) -> bytes:
 
 def fill_mask(m: ServedModel, text: str, top_k: int, targets: list[str] | None) -> list:
     """Validate a fill-mask request, then fill it (training/esperberto/fill_mask.py); pipeline format."""
-    from training.esperberto.fill_mask import fill_mask as esperberto_fill_mask  # imported with the first MLM
-    from training.esperberto.fill_mask import target_ids
+    from models.esperberto.fill_mask import fill_mask as esperberto_fill_mask  # imported with the first MLM
+    from models.esperberto.fill_mask import target_ids
 
     tok = m.tokenizer
     ids = mlm_encoding(m, text, "inputs")["input_ids"][0]

@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
+from models.device import resolve_device
+from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, cache_key
 from server.compute import ComputeThread
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
-from training.device import resolve_device
-from training.sampling import SamplingParams
 
 log = logging.getLogger("tinyserve")
 
@@ -123,7 +123,7 @@ class ModelRegistry:
                 engine=engine,
             )
         if arch == "mlm":
-            from training.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
+            from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
 
             model, tok = load_mlm(folder, device, dtype)
             variant = getattr(model.config, "attention_variant", "softmax0")

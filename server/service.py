@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine import Event, FinishEvent, QueueFullError, TokenEvent
 from server.errors import APIError
 from server.registry import ModelRegistry, ServedModel, UnknownModelError
-from training.sampling import SamplingParams
 
 RETRY_AFTER_S = "1"
 VARIANTS = {"softmax0": ["softmax0"], "softmax1": ["softmax1"], "both": ["softmax0", "softmax1"]}

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from model_store.store import write_checkpoint, write_manifest
+from models.esperberto import build_model, make_config, save_model
+from models.gpt import GPT, GPTConfig
+from models.tokenizer import eos_id
 from training.data import read_split, split_documents
-from training.esperberto import build_model, make_config, save_model
 from training.esperberto.data import read_corpus, train_roberta_tokenizer
-from training.model import GPT, GPTConfig
-from training.tokenizer import eos_id, train_bpe
+from training.tokenizer import train_bpe
 
 # Servers built by the tests run float32 and eager unless a test asks otherwise: exact comparisons
 # with transformers, and no background compilation competing with the suite for the CPU.

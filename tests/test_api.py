@@ -357,8 +357,8 @@ def test_fill_mask_bad_input(client, body, field):
 
 def test_leaving_a_stream_cancels_generation(client):
     """The SSE layer's event iterator cancels its request when closed early (client disconnect)."""
+    from models.sampling import SamplingParams
     from server.service import CompletionJob, events
-    from training.sampling import SamplingParams
 
     app = client.app
     m = app.state.registry.get("tiny-gpt")

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from model_store.store import write_checkpoint
+from models.tokenizer import eos_id
 from scripts.cog_predict import SCHEMA_PATH, free_port, parse_inputs, predict_stream, start_server, wait_ready
 from scripts.cog_schema import build
 from tests.conftest import tiny_gpt
-from training.tokenizer import eos_id
 
 
 def test_committed_schema_is_what_the_inspector_gives():

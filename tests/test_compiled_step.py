@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from model_store.store import write_checkpoint
+from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, cache_key, compile_options
 from server.engine import GenerationEngine
 from tests.conftest import tiny_gpt
-from training.sampling import SamplingParams
 
 VARIANTS = {
     "sinusoidal": {},
@@ -131,9 +131,9 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer):
 @pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
 def test_compiled_encoder_fills_masks_as_eager(store, variant):
     from model_store import load_mlm
+    from models.esperberto.fill_mask import fill_mask
+    from models.esperberto.model import max_tokens
     from server.encoder_step import EncoderStep
-    from training.esperberto.fill_mask import fill_mask
-    from training.esperberto.model import max_tokens
 
     model, tok = load_mlm(store / f"tiny-mlm-{variant}")
     if variant == "softmax0":

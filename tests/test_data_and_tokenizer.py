@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from models.tokenizer import EOS_TOKEN, eos_id
 from tests.conftest import TINY_WIKI
 from training.data import (
     DataSourceError,
@@ -10,7 +11,6 @@ from training.data import (
     read_split,
     split_documents,
 )
-from training.tokenizer import EOS_TOKEN, eos_id
 
 
 def test_tokenizer_round_trips_any_text(tiny_tokenizer):

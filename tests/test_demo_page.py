@@ -135,8 +135,8 @@ def test_bad_input_shows_the_api_message(page):
 
 def test_model_labels_name_the_attention_variant_and_relational_heads(browser, tmp_path_factory, tiny_tokenizer):
     from model_store.store import write_checkpoint
+    from models.tokenizer import eos_id
     from tests.conftest import tiny_gpt
-    from training.tokenizer import eos_id
 
     root = tmp_path_factory.mktemp("variant-store")
     vocab, eos = tiny_tokenizer.get_vocab_size(), eos_id(tiny_tokenizer)

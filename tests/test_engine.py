@@ -5,11 +5,11 @@ import time
 
 import pytest
 
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
 from server.detokenizer import Detokenizer
 from server.engine import FinishEvent, GenerationEngine, QueueFullError
 from tests.conftest import tiny_gpt
-from training.sampling import SamplingParams
-from training.tokenizer import eos_id
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import torch
 from scipy.stats import kurtosis as scipy_kurtosis
 from transformers import AutoModelForMaskedLM
 
+from models.esperberto import build_model, make_config, save_model, softmax1_attention
 from tests.conftest import TINY_WIKI
-from training.esperberto import build_model, make_config, save_model, softmax1_attention
 from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
 from training.esperberto.study import Moments, activation_study, excess_kurtosis, parameter_kurtosis
 from training.esperberto.train import MLMTrainConfig, evaluate_mlm, shuffle_inner, train_mlm
@@ -260,7 +260,7 @@ def test_kurtosis_command_writes_the_study_for_both_variants(store, tmp_path):
 def test_fill_mask_equals_the_transformers_pipeline(preset, mlm_tokenizer):
     from transformers import pipeline
 
-    from training.esperberto.fill_mask import fill_mask, target_ids
+    from models.esperberto.fill_mask import fill_mask, target_ids
 
     model = build_model(make_config(preset, "softmax1", vocab_size=len(mlm_tokenizer)), seed=2).eval()
     text = "The <mask> was built in the <mask> century."
@@ -294,6 +294,6 @@ def test_softmax1_checkpoint_never_loads_silently_as_softmax(preset, tmp_path):
 def test_presets_are_the_command_lines_choices():
     from typing import get_args
 
-    from training.esperberto.model import PRESETS, Preset
+    from models.esperberto.model import PRESETS, Preset
 
     assert set(get_args(Preset)) == set(PRESETS)

@@ -6,10 +6,10 @@ import torch
 
 from model_store.export import ExportError, export_hf
 from model_store.store import STORE_ROOT, load_gpt, write_checkpoint
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
 from server.cli import main as tinyserve
 from tests.conftest import tiny_gpt
-from training.sampling import SamplingParams
-from training.tokenizer import eos_id
 
 
 def checkpoint(tmp_path, tokenizer, name="tiny", **overrides):

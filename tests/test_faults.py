@@ -12,9 +12,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_store.store import write_checkpoint, write_manifest
+from models.tokenizer import eos_id
 from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
-from training.tokenizer import eos_id
 
 LONG = {"max_new_tokens": 1000, "eos_bias": -1e9}  # never stops early: ~1,000 decode steps
 

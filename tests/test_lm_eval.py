@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from model_store.store import load_gpt, write_checkpoint
+from models.tokenizer import eos_id
 from scripts.processes import http_server
 from tests.conftest import TINY_WIKI, tiny_gpt
 from training.data import detokenize_wikitext, read_split
-from training.tokenizer import eos_id
 
 lm_eval = pytest.importorskip("lm_eval")
 CONTEXT = 64

@@ -4,9 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from models.gpt import CausalSelfAttention, GPTConfig
+from models.sampling import SamplingParams
 from tests.conftest import tiny_config, tiny_gpt
-from training.model import CausalSelfAttention, GPTConfig
-from training.sampling import SamplingParams
 
 SOFTMAXES = ["softmax0", "softmax1"]
 

@@ -1,7 +1,7 @@
 import torch
 
+from models.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 from server.detokenizer import StopMatcher
-from training.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 
 
 def test_stop_matcher_holds_back_possible_prefixes_and_cuts_at_the_stop():

@@ -3,9 +3,9 @@
 import httpx
 
 from model_store.store import write_checkpoint
+from models.tokenizer import eos_id
 from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
-from training.tokenizer import eos_id
 
 
 def test_uvicorn_process_serves_generate(tmp_path, tiny_tokenizer):

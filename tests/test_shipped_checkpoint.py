@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from model_store.store import STORE_ROOT, list_checkpoints, load_gpt
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
 from tests.conftest import FIXTURES
 from training import SHARED_DATA
 from training.eos import eos_lengths
-from training.sampling import SamplingParams
-from training.tokenizer import eos_id
 from training.variants import variant_overrides
 
 SHIPPED = STORE_ROOT / "gpt-wikitext2"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
-import training.esperberto  # noqa: F401  (registers softmax1)
+import models.esperberto  # noqa: F401  (registers softmax1)
 from model_store.store import STORE_ROOT, list_checkpoints
 from tests.conftest import FIXTURES
 from training.esperberto.data import encode_blocks

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from training.softmax import get_softmax, softmax, softmax1
+from models.softmax import get_softmax, softmax, softmax1
 
 
 def test_softmax1_is_softmax_with_an_extra_zero_logit():

@@ -8,8 +8,8 @@ from dataclasses import replace
 import torch
 
 from model_store.store import load_gpt
+from models.gpt import GPTConfig
 from tests.conftest import REPO, TINY_WIKI
-from training.model import GPTConfig
 from training.trainer import TrainConfig, lr_at, train
 
 TINY_MODEL = dict(vocab_size=300, n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
+from models.gpt import GPTConfig
 from training.__main__ import build_parser, configs, gpt_train_config
 from training.esperberto.train import MLMTrainConfig
 from training.experiments import ExperimentConfig
-from training.model import GPTConfig
 from training.trainer import TrainConfig
 
 

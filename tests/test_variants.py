@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from model_store.store import load_gpt, write_checkpoint
+from models.gpt import AdditiveScore
+from models.kv_cache import KVCache
+from models.positions import rope
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
 from server.engine import GenerationEngine
 from tests.conftest import tiny_gpt
-from training.kv_cache import KVCache
-from training.model import AdditiveScore
-from training.positions import rope
-from training.sampling import SamplingParams
-from training.tokenizer import eos_id
 from training.variants import VARIANTS
 
 CAUSAL = {name: v for name, v in VARIANTS.items() if v.get("masking") != "zero_after"}

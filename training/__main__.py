@@ -1,5 +1,5 @@
 """Command line: `python -m training COMMAND --help`, COMMAND one of tokenizer, gpt, eval, complete, eos,
-esperberto, kurtosis, experiments, pilots."""
+card, esperberto, kurtosis, experiments, pilots."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_tokenizer_parser(sub) -> None:
         help="how the text splits into documents",
     )
     p.add_argument("--detokenize", action="store_true", help="undo WikiText's tokenisation first, as in training")
-    from training.model import GPTConfig
+    from models.gpt import GPTConfig
 
     p.add_argument(
         "--vocab-size", type=int, default=GPTConfig.vocab_size, help="BPE vocabulary size, special tokens included"
@@ -36,7 +36,7 @@ def add_tokenizer_parser(sub) -> None:
 
 
 def add_gpt_parser(sub) -> None:
-    from training.model import GPTConfig
+    from models.gpt import GPTConfig
     from training.trainer import TrainConfig
     from training.variants import VARIANTS
 
@@ -113,6 +113,12 @@ def add_eos_parser(sub) -> None:
     p.add_argument("--biases", type=float, nargs="+", default=[4.0, 0.0, -4.0, -8.0], help="EOS biases to compare")
 
 
+def add_card_parser(sub) -> None:
+    p = sub.add_parser("card", help="rewrite a run's model card (samples, EOS table) into its exported checkpoint")
+    p.add_argument("run", help="the run folder (run_config.json, metrics.json)")
+    p.add_argument("checkpoint", help="the model-store checkpoint the run exported")
+
+
 def add_esperberto_parser(sub) -> None:
     from training.esperberto.train import MLMTrainConfig
 
@@ -141,6 +147,7 @@ def build_parser() -> HfArgumentParser:
     add_eval_parser(sub)
     add_complete_parser(sub)
     add_eos_parser(sub)
+    add_card_parser(sub)
     add_esperberto_parser(sub)
     add_kurtosis_parser(sub)
     add_experiments_parser(sub)
@@ -157,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval": run_eval,
         "complete": run_complete,
         "eos": run_eos,
+        "card": run_card,
         "esperberto": run_esperberto,
         "kurtosis": run_kurtosis,
         "experiments": run_experiments,
@@ -185,7 +193,7 @@ def gpt_train_config(args):
     """The run's TrainConfig (model included) from the parsed `gpt` flags and the --variant preset."""
     from dataclasses import replace
 
-    from training.model import GPTConfig
+    from models.gpt import GPTConfig
     from training.trainer import TrainConfig
     from training.variants import variant_overrides
 
@@ -226,7 +234,7 @@ def run_complete(args) -> None:
     from model_store import load_gpt
 
     model, tok = load_gpt(Path(args.checkpoint))
-    from training.sampling import SamplingParams
+    from models.sampling import SamplingParams
 
     ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
     params = SamplingParams(
@@ -249,6 +257,13 @@ def run_eos(args) -> None:
     model, tok = load_gpt(Path(args.checkpoint))
     rows = eos_lengths(model, tok, args.prompt, tuple(args.biases), args.seeds, args.max_new_tokens)
     print(eos_table(rows, args.prompt, args.seeds, args.max_new_tokens))
+
+
+def run_card(args) -> None:
+    from training.card import rewrite_card
+
+    rewrite_card(Path(args.run), Path(args.checkpoint))
+    print(Path(args.checkpoint) / "README.md")
 
 
 def run_esperberto(args) -> None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
-from training.model import GPT
-from training.sampling import SamplingParams
+from models.gpt import GPT
+from models.sampling import SamplingParams
 
 EOS_BIASES = (4.0, 0.0, -4.0, -8.0)
 

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
+from models.gpt import GPT
+from models.tokenizer import eos_id
 from training.data import encode_documents, prepare_text, split_documents
-from training.model import GPT
-from training.tokenizer import eos_id
 
 
 @dataclass

@@ -29,14 +29,14 @@ from matplotlib.figure import Figure
 from tokenizers import Tokenizer
 
 from model_store.store import load_gpt  # the store owns the checkpoint format
+from models.gpt import GPT, GPTConfig
+from models.kv_cache import KVCache
+from models.options import option
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
 from training import SHARED_DATA
 from training.data import encode_documents, read_split, split_documents
 from training.evaluate import corpus_perplexity, sentence_scores
-from training.kv_cache import KVCache
-from training.model import GPT, GPTConfig
-from training.options import option
-from training.sampling import SamplingParams
-from training.tokenizer import eos_id
 from training.trainer import TrainConfig, train
 from training.variants import DESCRIPTIONS, VARIANTS, variant_overrides
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from models.tokenizer import eos_id
 from training.data import encode_documents, read_split, split_documents
-from training.tokenizer import eos_id
 
 
 @cache

@@ -67,7 +67,7 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
     lines = [
         "# From-scratch GPT",
         "",
-        f"Decoder-only transformer written from scratch in PyTorch (`training/model.py`): {positions} positions,",
+        f"Decoder-only transformer written from scratch in PyTorch (`models/gpt.py`): {positions} positions,",
         f"{m['n_layer']} pre-LayerNorm blocks, d_model {m['d_model']}, {heads} (concatenated + projected),",
         f"GELU MLP {m['d_ff']}, context {m['context_length']}, attention normaliser `{m['softmax']}`,",
         f"tied embeddings: {m['tie_weights']}. Byte-level BPE tokenizer, vocabulary {m['vocab_size']}.",
@@ -75,14 +75,14 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
         "",
         "## Training",
         "",
-        f"- Data: `{data}` train split, "
-        f"documents split by `{cfg_dict['doc_mode']}`, one end-of-text token between documents, no padding.",
+        f"- Data: `{data}` train split{DETOKENIZED if cfg_dict.get('detokenize') else ''}, "
+        f"documents split by `{cfg_dict['doc_mode']}`, one end-of-text token after each, no padding.",
         f"- Command: `{command}`",
         f"- Steps: {metrics['steps']}, batch {batch}, lr {cfg_dict['lr']} ({schedule}), seed {cfg_dict['seed']}",
         f"- Wall time: {metrics['wall_time_s'] / 60:.1f} min; parameters: {metrics['parameters']:,}",
         f"- Final train loss {metrics['final_train_loss']}, validation loss {metrics['final_valid_loss']} (nats/token)",
-        f"- Shipped weights: step {metrics.get('best_step')}, the lowest validation loss "
-        f"({metrics.get('best_valid_loss')}); weights stored in fp16 and measured after that rounding",
+        f"- Shipped weights: {WEIGHTS[metrics.get('weights', 'raw')]} at step {metrics.get('best_step')}, the lowest "
+        f"validation loss ({metrics.get('best_valid_loss')}); stored in fp16 and measured after that rounding",
     ]
     if "valid" in metrics:
         v, t = metrics["valid"], metrics["test"]
@@ -96,14 +96,21 @@ def write_gpt_card(cfg_dict: dict, metrics: dict, command: str) -> str:
             f"| test | {t['token_ppl']:.2f} | {t['word_ppl']:.2f} | {t['tokens']} | {t['words']} |",
             "",
             "Word-level perplexity = exp(total NLL / whitespace-separated words of the raw split), comparable",
-            "with published word-level WikiText-2 numbers (AWD-LSTM: 65.8 test).",
+            "with published word-level WikiText-2 numbers (AWD-LSTM: 65.8 test) whatever the text was trained on.",
             "",
             "| sentence | loss | ppl |",
             "|---|---|---|",
         ]
         lines += [f"| {s['sentence']} | {s['loss']:.3f} | {s['ppl']:.1f} |" for s in metrics["sentences"]]
+    for title, key in (("Samples", "samples"), ("EOS bias and completion length", "eos")):
+        if metrics.get(key):
+            lines += ["", f"## {title}", "", metrics[key]]
     lines += ["", "![loss curve](loss_curve.png)", ""]
     return "\n".join(lines)
+
+
+DETOKENIZED = " with WikiText's tokenisation undone (' @,@ ' -> ',', ' , ' -> ', ', ...)"
+WEIGHTS = {"raw": "the trained weights", "ema": "the exponential moving average of the weights"}
 
 
 ARCHITECTURE_NOTES = {
@@ -134,7 +141,7 @@ def write_mlm_card(metrics: dict, command: str) -> str:
         f"whose attention normaliser is {NORMALISERS[metrics['variant']]}.",
         "",
         f"- Architecture: {ARCHITECTURE_NOTES.get(architecture, architecture)}",
-        "- Load it with `import training.esperberto` first (that registers softmax1; a softmax1 checkpoint then",
+        "- Load it with `import models.esperberto` first (that registers softmax1; a softmax1 checkpoint then",
         '  loads as one), then `transformers.pipeline("fill-mask", model=<this folder>)` or',
         "  `AutoModelForMaskedLM.from_pretrained(<this folder>)`.",
         "",

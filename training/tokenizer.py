@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-EOS_TOKEN = "<|endoftext|>"
+from models.tokenizer import EOS_TOKEN
 
 
 def train_bpe(
@@ -32,10 +32,3 @@ def train_bpe(
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
-
-
-def eos_id(tokenizer: Tokenizer) -> int:
-    tid = tokenizer.token_to_id(EOS_TOKEN)
-    if tid is None:
-        raise ValueError(f"tokenizer has no {EOS_TOKEN} token")
-    return tid

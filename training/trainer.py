@@ -24,14 +24,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
+from models.device import resolve_device
+from models.gpt import GPT, GPTConfig
+from models.options import option
+from models.tokenizer import eos_id
 from training import WIKITEXT2
+from training.card import eos_markdown, samples_markdown
 from training.data import DocMode, encode_documents, prepare_text, random_windows, read_split, split_documents
-from training.device import resolve_device
 from training.evaluate import corpus_perplexity, sentence_scores
-from training.model import GPT, GPTConfig
-from training.options import option
 from training.report import plot_loss_curve, write_gpt_card
-from training.tokenizer import eos_id, train_bpe
+from training.tokenizer import train_bpe
 
 DEFAULT_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -270,6 +272,8 @@ def finish_run(
         for split, raw in (("valid", valid_raw), ("test", read_split(cfg.data, "test"))):
             metrics[split] = corpus_perplexity(model, tokenizer, raw, cfg.doc_mode, detokenize=cfg.detokenize).as_dict()
         metrics["sentences"] = sentence_scores(model, tokenizer, DEFAULT_SENTENCES)
+        metrics["samples"] = samples_markdown(model, tokenizer)
+        metrics["eos"] = eos_markdown(model, tokenizer)
     plot_loss_curve(log, out / "loss_curve.png")
     card = write_gpt_card(cfg_dict=asdict(cfg), metrics=metrics, command=command)
     for folder in [out / "model"] + ([Path(cfg.export)] if cfg.export else []):

@@ -1,6 +1,6 @@
 """The named attention variants of the experiments: GPTConfig overrides on top of a 4-head base.
 
-Every variant is an option of the one model file (training/model.py), not a copy of it.
+Every variant is an option of the one model file (models/gpt.py), not a copy of it.
 """
 
 from __future__ import annotations

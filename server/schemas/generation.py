@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, Strict, StringConstraints, field_validator
 
+from models.sampling import SamplingParams
 from server.config import Settings
 from server.schemas.base import RequestModel, Text
-from training.sampling import SamplingParams
 
 NEVER = -1e9  # JSON has no -inf: an EOS bias at or below this means "never stop"
 

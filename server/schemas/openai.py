@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
+from models.sampling import SamplingParams
 from server.config import Settings
 from server.schemas.base import Text, no_nul
 from server.schemas.generation import EosControls, LogitBias, StopSequence
-from training.sampling import SamplingParams
 
 MAX_PROMPTS = 16
 Prompt = str | list[int]  # text, or token ids

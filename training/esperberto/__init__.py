@@ -1,15 +1,2 @@
-"""EsperBERTo (RoBERTa MLM on Esperanto) with softmax0/softmax1. Importing registers softmax1."""
-
-from training.esperberto.attention import SOFTMAX1, softmax1_attention
-from training.esperberto.model import PRESETS, VARIANTS, attn_implementation, build_model, make_config, save_model
-
-__all__ = [
-    "PRESETS",
-    "SOFTMAX1",
-    "VARIANTS",
-    "attn_implementation",
-    "build_model",
-    "make_config",
-    "save_model",
-    "softmax1_attention",
-]
+"""Training EsperBERTo: the corpus and tokenizer (`data.py`), the MLM run (`train.py`) and the kurtosis
+study (`study.py`); the model itself is models/esperberto."""

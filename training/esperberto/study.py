@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from training.esperberto.model import MaskedLM  # noqa: E402
+from models.esperberto.model import MaskedLM  # noqa: E402
 from training.report import plot_mlm_curves  # noqa: E402
 
 # role -> module of layer {i}, per architecture: the original study's attention.output submodules

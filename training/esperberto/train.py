@@ -28,9 +28,7 @@ from transformers import (
     pipeline,
 )
 
-from training import SHARED_DATA
-from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
-from training.esperberto.model import (
+from models.esperberto.model import (
     PRESETS,
     MaskedLM,
     Preset,
@@ -40,7 +38,9 @@ from training.esperberto.model import (
     make_config,
     save_model,
 )
-from training.options import option
+from models.options import option
+from training import SHARED_DATA
+from training.esperberto.data import encode_blocks, read_corpus, split_lines, train_roberta_tokenizer
 
 
 @dataclass

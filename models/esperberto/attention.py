@@ -13,7 +13,7 @@ import torch.nn as nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from training.softmax import softmax1
+from models.softmax import softmax1
 
 SOFTMAX1 = "softmax1"
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.positions import rope
+from models.positions import rope
 
 if TYPE_CHECKING:
-    from training.model import GPTConfig
+    from models.config import GPTConfig
 
 
 class RelationalAttention(nn.Module):

@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PretrainedConfig, RobertaConfig, RobertaForMaskedLM
 
-from training.esperberto.attention import SOFTMAX1
-from training.positions import sinusoidal_encoding
+from models.esperberto.attention import SOFTMAX1
+from models.positions import sinusoidal_encoding
 
 VARIANTS = ("softmax0", "softmax1")
 Preset = Literal["tiny", "small", "full", "rotary-tiny", "rotary-small"]  # the keys of PRESETS

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from training.esperberto.model import MaskedLM, encoder, lm_logits
+from models.esperberto.model import MaskedLM, encoder, lm_logits
 
 
 def target_ids(tokenizer, targets: list[str]) -> torch.Tensor:

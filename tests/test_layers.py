@@ -1,0 +1,74 @@
+"""The import layers the README states: models <- model_store <- training, server; no cycles.
+
+Every import counts, including those inside functions and under TYPE_CHECKING: a cycle a reader has to
+untangle is a cycle, whenever it runs."""
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("models", "model_store", "training", "server")
+# package -> the project packages it may import
+ALLOWED = {
+    "models": set(),
+    "model_store": {"models"},
+    "training": {"models", "model_store"},
+    "server": {"models", "model_store"},
+}
+# the `tinyserve` command dispatches to every job, training's included
+EXCEPTIONS = {("server.cli", "training")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports() -> dict[str, set[str]]:
+    """module -> the project modules it imports (anywhere in the file)."""
+    modules = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                targets |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_packages_import_only_the_layers_below_them():
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in project_imports().items()
+        for target in targets
+        if (top := target.split(".")[0]) != module.split(".")[0]
+        and top not in ALLOWED[module.split(".")[0]]
+        and (module, top) not in EXCEPTIONS
+    ]
+    assert not bad, bad
+
+
+def test_no_import_cycles_between_modules():
+    graph = project_imports()
+    # a package's __init__ re-exporting its modules is not a cycle with them
+    edges = {m: {t for t in ts if not (m.startswith(t + ".") and t in graph)} for m, ts in graph.items()}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
