@@ -133,7 +133,7 @@ class EngineSide:
 
     def info(self) -> dict:
         m = self.served
-        compiled = sorted(m.engine.decode.compiled) if m.engine else []
+        compiled = sorted(m.runner.step.compiled) if m.runner else []
         return {
             "dtype": str(next(m.model.parameters()).dtype),
             "compiled": compiled,

@@ -1,6 +1,6 @@
 """The model store: checkpoint folders beside this file, and the code that lists, validates and loads them.
 
-The server reaches model code only through here.
+Checkpoints enter the server only through here (validated, never unpickled).
 """
 
 from model_store.store import (
@@ -8,6 +8,7 @@ from model_store.store import (
     CheckpointError,
     CheckpointInfo,
     list_checkpoints,
+    load_causal_lm,
     load_gpt,
     load_mlm,
     resolve,
@@ -25,6 +26,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "list_checkpoints",
+    "load_causal_lm",
     "load_gpt",
     "load_mlm",
     "resolve",

@@ -163,13 +163,18 @@ def validate(folder: Path) -> dict:
 
 
 MLM_ARCHITECTURES = {"RobertaForMaskedLM", "ModernBertForMaskedLM"}
+CAUSAL_LM_ARCHITECTURES = {"GPT2LMHeadModel", "GPTNeoXForCausalLM"}  # served through transformers
 
 
 def architecture_of(config: dict) -> str | None:
-    """'gpt' (our from-scratch model) or 'mlm' (an EsperBERTo masked LM: a transformers RoBERTa or ModernBERT)."""
+    """'gpt' (our from-scratch model), 'causal-lm' (a transformers GPT-2 or GPT-NeoX) or 'mlm' (an
+    EsperBERTo masked LM: a transformers RoBERTa or ModernBERT)."""
     if config.get("architecture") == "gpt":
         return "gpt"
-    if set(config.get("architectures", [])) & MLM_ARCHITECTURES:
+    architectures = set(config.get("architectures") or [])
+    if architectures & CAUSAL_LM_ARCHITECTURES:
+        return "causal-lm"
+    if architectures & MLM_ARCHITECTURES:
         return "mlm"
     return None
 
@@ -255,6 +260,27 @@ def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     try:
         model = AutoModelForMaskedLM.from_pretrained(folder, use_safetensors=True, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(folder, f"cannot be loaded by transformers ({e})") from None
+    return model.to(device).eval(), tokenizer
+
+
+def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Validate and load a transformers causal LM checkpoint (safetensors only, no remote code) and its
+    tokenizer, in eval mode, with eager attention (it returns attention weights for /attention)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    config = validate(folder)
+    if architecture_of(config) != "causal-lm":
+        raise CheckpointError(
+            folder / "config.json", f"not a causal LM checkpoint (one of {sorted(CAUSAL_LM_ARCHITECTURES)})"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, use_safetensors=True, dtype=dtype, trust_remote_code=False, attn_implementation="eager"
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(folder, f"cannot be loaded by transformers ({e})") from None
     return model.to(device).eval(), tokenizer

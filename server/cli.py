@@ -5,6 +5,7 @@ tinyserve serve-ray [--max-replicas 4 ...]   python -m server.ray_serve (Ray Ser
 tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
 tinyserve eval|complete|kurtosis|experiments  python -m training eval|complete|kurtosis|experiments
 tinyserve export MODEL OUT --format hf       a store GPT as a GPT-NeoX checkpoint for transformers
+tinyserve store add SRC NAME                 a checkpoint (ours, a transformers GPT-2 or GPT-NeoX) into the store
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     for name in TRAINING_TOOLS:
         sub.add_parser(name, help=f"python -m training {name} (options: tinyserve {name} --help)", add_help=False)
     sub.add_parser("export", help="a store GPT as a Hugging Face checkpoint (tinyserve export --help)", add_help=False)
+    sub.add_parser("store", help="manage the model store (tinyserve store add --help)", add_help=False)
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "export":
         return export(rest)
+    if args.command == "store":
+        return store(rest)
     if args.command == "serve":
         from server.__main__ import main as serve
 
@@ -65,6 +69,25 @@ def export(argv: list[str]) -> None:
         print(export_hf(Settings().store / args.model, args.out, getattr(torch, args.dtype)))
     except (ExportError, CheckpointError) as e:
         p.exit(2, f"tinyserve export: {e}\n")
+
+
+def store(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from model_store.ingest import add_checkpoint
+    from model_store.store import CheckpointError
+    from server.config import Settings
+
+    p = argparse.ArgumentParser(prog="tinyserve store", description="manage the model store (TINYSERVE_STORE)")
+    sub = p.add_subparsers(dest="action", required=True)
+    add = sub.add_parser("add", help="validate a checkpoint folder, copy it into the store, write its manifest")
+    add.add_argument("src", type=Path, help="a checkpoint folder: ours, or a transformers save_pretrained folder")
+    add.add_argument("name", help="its model id in the store")
+    args = p.parse_args(argv)
+    try:
+        print(add_checkpoint(args.src, args.name, Settings().store))
+    except CheckpointError as e:
+        p.exit(2, f"tinyserve store add: {e}\n")
 
 
 if __name__ == "__main__":

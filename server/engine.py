@@ -1,10 +1,10 @@
-"""Continuous-batching text generation for the from-scratch GPT.
+"""Continuous-batching text generation for any causal LM behind the runner seam (server/runners/).
 
 The compute thread (server/compute.py) drives the engine. Between two decode steps it admits
 waiting requests (prefill, then join the running batch) and drops finished, cancelled or timed-out
-ones, so requests join and leave the batch independently. Each running request owns a slot of a
-static KV cache (server/decode_step.py): the decode step has the same shapes at every step, so it
-can be compiled, and a finished request's slot is refilled by moving the last one into it.
+ones, so requests join and leave the batch independently. Running request i owns the runner's slot
+i; a finished request's slot is refilled by moving the last one into it, so a step always covers
+slots 0..n-1 (for our GPT, a fixed-shape step that can be compiled).
 
 Results go back through a per-request callback (`sink`), which the HTTP layer points at an asyncio
 queue and synchronous callers at a plain queue.
@@ -20,13 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-from tokenizers import Tokenizer
 
-from model_store import GPT, KVCache
 from models.sampling import SamplingParams, choose_token, process_logits, token_logprobs
 from server.compute import ComputeThread
-from server.decode_step import DecodeStep
 from server.detokenizer import Detokenizer
+from server.runners import CausalLMRunner
 
 
 @dataclass(frozen=True)
@@ -110,23 +108,15 @@ class EngineStats:
 
 class GenerationEngine:
     def __init__(
-        self,
-        model: GPT,
-        tokenizer: Tokenizer,
-        eos_id: int,
-        max_batch_size: int = 32,
-        max_queue: int = 64,
-        max_prefill_tokens: int = 4096,
+        self, runner: CausalLMRunner, max_batch_size: int = 32, max_queue: int = 64, max_prefill_tokens: int = 4096
     ) -> None:
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.eos_id = eos_id
-        self.context_length = model.config.context_length
+        self.runner = runner
+        self.tokenizer = runner.tokenizer
+        self.eos_id = runner.facts.eos_id
+        self.context_length = runner.facts.context_length
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
-        self.device = next(model.parameters()).device
-        self.decode = DecodeStep(model, max_batch_size)
         self.stats = EngineStats()
         self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -223,24 +213,10 @@ class GenerationEngine:
             self._prefill(group)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
-        """One forward pass over left-padded prompts (B, T); each row's keys and values go to its slot."""
-        T = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((len(reqs), T), self.eos_id, dtype=torch.long)
-        mask = torch.zeros((len(reqs), T), dtype=torch.long)
-        for i, req in enumerate(reqs):
-            ids[i, T - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
-            mask[i, T - len(req.prompt_ids) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        padded = not bool(mask.all())
-        cache = KVCache(self.model.config.n_layer)
+        """The prompts into the next free slots, in one call to the runner."""
+        slots = list(range(len(self._rows), len(self._rows) + len(reqs)))
         try:
-            logits = self.model(
-                ids,
-                attention_mask=mask if padded else None,
-                position_ids=(mask.cumsum(1) - 1).clamp(min=0) if padded else None,
-                kv_cache=cache,
-            ).logits[:, -1]
-            logits = logits.float().cpu()
+            logits = self.runner.prefill(slots, [req.prompt_ids for req in reqs])
         except Exception as e:  # a failed prefill fails its request, not its group or the engine
             if len(reqs) > 1:
                 for req in reqs:
@@ -249,8 +225,7 @@ class GenerationEngine:
                 self._emit(reqs[0], FinishEvent("error", "", 0, len(reqs[0].prompt_ids), f"{type(e).__name__}: {e}"))
             return
         self.stats.prefill_passes += 1
-        for i, (req, row_logits) in enumerate(zip(reqs, logits, strict=True)):
-            self.decode.write(len(self._rows), cache, i, T - len(req.prompt_ids))
+        for req, row_logits in zip(reqs, logits, strict=True):
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
             self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
 
@@ -264,7 +239,7 @@ class GenerationEngine:
             self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
             if not self._rows:
                 return
-        logits = self.decode([row.generated[-1] for row in self._rows], [row.length for row in self._rows])
+        logits = self.runner.decode([row.generated[-1] for row in self._rows], [row.length for row in self._rows])
         for row, row_logits in zip(self._rows, logits, strict=True):
             row.length += 1
             row.logits = row_logits
@@ -283,7 +258,7 @@ class GenerationEngine:
                 movers.append(row)
         holes = [i for i, row in enumerate(placed) if row is None]
         for row, hole in zip(movers, holes, strict=True):
-            self.decode.move(slot[id(row)], hole, row.length)
+            self.runner.move(slot[id(row)], hole, row.length)
             placed[hole] = row
         self._rows = placed
 

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from server.errors import APIError
 from server.registry import ServedModel
+from server.runners import token_logprobs
 
 MAX_MASKS = 20
 MAX_PNG_PANELS = 96
 
 
 def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
-    ids = m.tokenizer.encode(text, add_special_tokens=False).ids
+    ids = m.runner.tokenizer.encode(text)
     limit = m.context_length
     if not ids:
         raise APIError(422, f"{field}: text must not be empty", field)
@@ -40,33 +40,11 @@ def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tenso
     return enc
 
 
-@dataclass
-class TokenLogprobs:
-    """log p(ids[t] | ids[:t]) for t = 1..T-1 of a sequence, with the top alternatives at each position."""
-
-    logprobs: list[float]
-    top: list[list[tuple[int, float]]]  # per position: (token id, logprob), most likely first
-
-
 @torch.inference_mode()
-def token_logprobs(m: ServedModel, ids: list[int], top_n: int) -> TokenLogprobs:
-    """One forward pass over the sequence; the first token has no prediction. /score and the echoed
-    prompts of /v1/completions both read their logprobs here."""
-    x = torch.tensor([ids], device=next(m.model.parameters()).device)
-    logp = torch.log_softmax(m.model(x).logits[0, :-1].float(), dim=-1)  # (T-1, V): row t predicts ids[t+1]
-    targets = torch.tensor(ids[1:], device=logp.device)
-    chosen = logp[torch.arange(len(ids) - 1, device=logp.device), targets].tolist()
-    top: list[list[tuple[int, float]]] = [[] for _ in chosen]
-    if top_n:
-        vals, alt = logp.topk(top_n, dim=-1)
-        top = [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
-    return TokenLogprobs(chosen, top)
-
-
 def score(m: ServedModel, text: str, top_n: int) -> dict:
     """Log-probability of every token of the text read as a new document (after the end-of-text token)."""
     ids = gpt_ids(m, text, "text")[: m.context_length - 1]
-    scored = token_logprobs(m, [m.model.config.eos_token_id, *ids], top_n)
+    scored = token_logprobs(m.runner, [m.runner.facts.eos_id, *ids], top_n)
     tokens = [
         {
             "id": tid,
@@ -83,20 +61,19 @@ def score(m: ServedModel, text: str, top_n: int) -> dict:
 @torch.inference_mode()
 def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[int] | None) -> dict:
     """Attention weights of the selected layers and heads: (L, H, T, T) as nested lists, plus tokens."""
-    if m.kind == "gpt":
+    if m.runner is not None:
         ids = gpt_ids(m, text, "text")
-        out = m.model(torch.tensor([ids], device=next(m.model.parameters()).device), return_attention=True)
-        weights, tokens = out.attentions, [m.tokenizer.decode([i]) for i in ids]
+        weights, tokens = m.runner.attention(ids), [m.tokenizer.decode([i]) for i in ids]  # per layer (H, T, T)
     else:
         enc = mlm_encoding(m, text, "text").to(next(m.model.parameters()).device)
-        weights = m.model(**enc, output_attentions=True).attentions
+        weights = [a[0] for a in m.model(**enc, output_attentions=True).attentions]
         tokens = [m.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
     layers = list(range(m.layers)) if layers is None else layers
     heads = list(range(m.heads)) if heads is None else heads
     for name, sel, n in (("layers", layers, m.layers), ("heads", heads, m.heads)):
         if any(not 0 <= i < n for i in sel):
             raise APIError(422, f"{name}: indices must be in [0, {n}) for model {m.id}", name)
-    w = torch.stack([weights[i][0, heads].float().cpu() for i in layers])  # (L, H, T, T)
+    w = torch.stack([weights[i][heads].float().cpu() for i in layers])  # (L, H, T, T)
     return {
         "model": m.id,
         "attention_variant": m.normaliser,

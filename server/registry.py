@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from model_store import CheckpointError, list_checkpoints, load_gpt, load_mlm, resolve
+from model_store import CheckpointError, list_checkpoints, load_mlm, resolve
 from models.device import resolve_device
 from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, cache_key
@@ -17,6 +17,7 @@ from server.compute import ComputeThread
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
+from server.runners import CAUSAL_ARCHITECTURES, CausalLMRunner, load_runner
 
 log = logging.getLogger("tinyserve")
 
@@ -30,17 +31,18 @@ class ServedModel:
     """A loaded model as every route sees it, whatever its family; shape figures are read at load."""
 
     id: str
-    kind: str  # "gpt" (completion, score, attention) or "mlm" (fill-mask, attention)
+    kind: str  # "gpt": a causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask, attention
     model: torch.nn.Module
-    tokenizer: object  # tokenizers.Tokenizer for gpt, a transformers tokenizer for mlm
+    tokenizer: object  # the runner's codec for a causal LM, a transformers tokenizer for mlm
     folder: Path
     config: dict  # the checkpoint's config.json as loaded
-    normaliser: str  # attention normaliser: softmax / softmax1 (GPT), softmax0 / softmax1 (EsperBERTo)
+    normaliser: str  # attention normaliser: softmax0 or softmax1
     attention_settings: dict  # what the demo page and /models show of the attention (score, positions, heads...)
     layers: int
     heads: int  # every attention head, relational ones included
     context_length: int  # longest input in tokens, special tokens included
     card: str = ""
+    runner: CausalLMRunner | None = None  # completion models only: the model behind the seam
     engine: GenerationEngine | None = None  # completion models only
     encoder_step: EncoderStep | None = None  # fill-mask models only
     compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
@@ -100,27 +102,25 @@ class ModelRegistry:
         self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
     ) -> ServedModel:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
-        if arch == "gpt":
-            model, tok = load_gpt(folder, device, dtype)
+        if arch in CAUSAL_ARCHITECTURES:
             s = self.settings
-            engine = GenerationEngine(
-                model, tok, model.config.eos_token_id, s.max_batch_size, s.max_queue, s.max_prefill_tokens
-            )
-            c = model.config
+            runner = load_runner(arch, folder, device, dtype, s.max_batch_size)
+            f = runner.facts
             return ServedModel(
                 id=model_id,
                 kind="gpt",
-                model=model,
-                tokenizer=tok,
+                model=runner.model,
+                tokenizer=runner.tokenizer,
                 folder=folder,
-                config=c.to_dict(),
-                normaliser=c.softmax,
-                attention_settings=c.attention_settings(),
-                layers=c.n_layer,
-                heads=c.n_attention_heads,
-                context_length=c.context_length,
+                config=f.config,
+                normaliser=f.normaliser,
+                attention_settings=f.attention_settings,
+                layers=f.layers,
+                heads=f.heads,
+                context_length=f.context_length,
                 card=card,
-                engine=engine,
+                runner=runner,
+                engine=GenerationEngine(runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens),
             )
         if arch == "mlm":
             from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
@@ -157,13 +157,14 @@ class ModelRegistry:
         s = self.settings
         compilers = []
         for m in self.models.values():
-            if m.engine is not None:
-                m.engine.generate([m.model.config.eos_token_id], SamplingParams(max_new_tokens=2, temperature=0))
-                target, order = m.engine.decode, m.engine.decode.compile_order(s.compile_max_batch)
+            if m.runner is not None:
+                m.engine.generate([m.runner.facts.eos_id], SamplingParams(max_new_tokens=2, temperature=0))
+                compilable = m.runner.compile_target(s.compile_max_batch)
             else:
                 self.compute.call(self._warm_up_mlm, m)
-                target, order = m.encoder_step, m.encoder_step.compile_order()
-            if s.compile_models:
+                compilable = m.encoder_step, m.encoder_step.compile_order()
+            if s.compile_models and compilable is not None:
+                target, order = compilable
                 cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
                 key = cache_key(m.folder, next(m.model.parameters()).dtype, next(m.model.parameters()).device)
                 m.compiler = BackgroundCompiler(target, order, cache_dir, key)

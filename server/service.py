@@ -90,7 +90,7 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, field: str) -> 
             "(refused, not truncated)",
             field,
         )
-    ids = m.tokenizer.encode(text, add_special_tokens=False).ids
+    ids = m.runner.tokenizer.encode(text)
     if not ids:
         raise APIError(422, f"{field}: prompt must not be empty", field)
     return ids
@@ -98,7 +98,7 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, field: str) -> 
 
 def check_token_ids(m: ServedModel, ids: list[int], field: str) -> list[int]:
     """A prompt sent as token ids: each must be in the vocabulary; the error names the index."""
-    vocab = m.model.config.vocab_size
+    vocab = m.runner.facts.vocab_size
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:
         where = f"{field}[{bad}]"
@@ -124,7 +124,7 @@ def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int
 
 
 def check_logit_bias(m: ServedModel, bias: dict[int, float], field: str) -> None:
-    vocab = m.model.config.vocab_size
+    vocab = m.runner.facts.vocab_size
     bad = [t for t in bias if not 0 <= t < vocab]
     if bad:
         raise APIError(422, f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab})", field)

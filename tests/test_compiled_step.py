@@ -10,6 +10,7 @@ from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, cache_key, compile_options
 from server.engine import GenerationEngine
+from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
 
 VARIANTS = {
@@ -34,7 +35,7 @@ def no_recompiles():
 
 
 def started(model, **kwargs) -> GenerationEngine:
-    engine = GenerationEngine(model, None, eos_id=0, max_batch_size=2, max_queue=8, **kwargs)
+    engine = GenerationEngine(GPTRunner(model, None, 2), max_batch_size=2, max_queue=8, **kwargs)
     engine.tokenizer = _NoText()
     engine.start()
     return engine
@@ -72,10 +73,10 @@ def test_batched_equals_solo_with_compiled_steps():
     engine = started(model)
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(2), None, "test")
+        compiler = BackgroundCompiler(engine.runner.step, engine.runner.step.compile_order(2), None, "test")
         compiler.start()
         assert compiler.done.wait(600) and not compiler.failed
-        assert set(engine.decode.compiled) == {(1, 64), (1, 128), (2, 64), (2, 128)}
+        assert set(engine.runner.step.compiled) == {(1, 64), (1, 128), (2, 64), (2, 128)}
         prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
         solo = [[e.id for e in engine.generate(p, GREEDY)[0]] for p in prompts]
         from concurrent.futures import ThreadPoolExecutor
@@ -95,12 +96,12 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(1), None, "test")
+        compiler = BackgroundCompiler(engine.runner.step, engine.runner.step.compile_order(1), None, "test")
         with caplog.at_level(logging.WARNING, logger="tinyserve"):
             compiler.start()
             assert compiler.done.wait(60)
         assert compiler.failed == {(1, 64): "RuntimeError: no compiler here"}
-        assert "stays eager" in caplog.text and not engine.decode.compiled
+        assert "stays eager" in caplog.text and not engine.runner.step.compiled
         tokens, finish = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5, eos_bias=float("-inf")))
         assert finish.reason == "length" and len(tokens) == 5
     finally:
@@ -120,7 +121,7 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer):
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         key = cache_key(a, torch.float32, cpu)
-        compiler = BackgroundCompiler(engine.decode, engine.decode.compile_order(1), tmp_path / "cache", key)
+        compiler = BackgroundCompiler(engine.runner.step, engine.runner.step.compile_order(1), tmp_path / "cache", key)
         compiler.build((1, 64))
     finally:
         engine.stop()
@@ -177,7 +178,7 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         assert client.get("/health").json()["compiling"] == []
         registry = app.state.registry
         gpt, mlm = registry.get("tiny-gpt"), registry.get("tiny-mlm-softmax1")
-        assert set(gpt.engine.decode.compiled) == {(1, 48)} and not gpt.compiler.failed
+        assert set(gpt.runner.step.compiled) == {(1, 48)} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
@@ -191,8 +192,8 @@ def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path):
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = BackgroundCompiler(engine.decode, [(1, 64)], blocker, "key")
+        compiler = BackgroundCompiler(engine.runner.step, [(1, 64)], blocker, "key")
         compiler.run()
     finally:
         engine.stop()
-    assert not compiler.failed and (1, 64) in engine.decode.compiled
+    assert not compiler.failed and (1, 64) in engine.runner.step.compiled

@@ -9,20 +9,21 @@ from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.detokenizer import Detokenizer
 from server.engine import FinishEvent, GenerationEngine, QueueFullError
+from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
 
 
 @pytest.fixture
 def engine(tiny_tokenizer):
     model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=64)
-    eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_queue=16)
+    eng = GenerationEngine(GPTRunner(model, tiny_tokenizer, 8), max_batch_size=8, max_queue=16)
     eng.start()
     yield eng
     eng.stop()
 
 
 def prompt(engine, text="The castle was built in"):
-    return engine.tokenizer.encode(text, add_special_tokens=False).ids
+    return engine.tokenizer.encode(text)
 
 
 def test_greedy_generation_reports_tokens_and_finish(engine):
@@ -72,7 +73,7 @@ def test_continuous_batching_gives_the_same_tokens_as_running_alone(engine):
 
 def test_eos_bias_changes_output_length(engine):
     """More negative EOS bias -> longer outputs on average; -inf never stops; a huge bias stops at once."""
-    base = {eos_id(engine.tokenizer): 6.0}  # make this untrained model want to stop, then push back
+    base = {engine.eos_id: 6.0}  # make this untrained model want to stop, then push back
 
     def mean_length(bias: float) -> float:
         lengths = [
@@ -94,7 +95,7 @@ def test_eos_bias_changes_output_length(engine):
 
 
 def test_eos_bias_decay_relaxes_the_penalty(engine):
-    base = {eos_id(engine.tokenizer): 6.0}
+    base = {engine.eos_id: 6.0}
     fixed = SamplingParams(max_new_tokens=40, seed=1, logit_bias=base, eos_bias=-12.0)
     relaxing = SamplingParams(
         max_new_tokens=40, seed=1, logit_bias=base, eos_bias=-12.0, eos_bias_decay=0.5, eos_bias_start=3
@@ -144,7 +145,7 @@ def test_timeout(engine):
 
 def test_queue_full_and_bad_prompts(tiny_tokenizer):
     model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), context_length=16)
-    eng = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_queue=2)  # not started: nothing drains
+    eng = GenerationEngine(GPTRunner(model, tiny_tokenizer), max_queue=2)  # not started: nothing drains
     for _ in range(2):
         eng.submit([5, 6], SamplingParams(), lambda e: None)
     with pytest.raises(QueueFullError):
@@ -180,7 +181,7 @@ def test_a_failing_sink_does_not_hurt_the_batch(engine):
 
 def test_incremental_detokenisation_is_exact_across_split_characters(engine):
     text = "naïve café, 東京 🙂 done"
-    ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
+    ids = engine.tokenizer.encode(text)
     detokenizer = Detokenizer(engine.tokenizer, stops=[])
     pieces = [detokenizer.add(token)[0] for token in ids]
     assert "".join(pieces) == text == detokenizer.text and detokenizer.finish() == ("", False)
@@ -195,15 +196,13 @@ def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokeni
     texts = ["River", "The castle was built in", "A short one", "The museum was opened in 1850 , by workers"]
     ids = [tiny_tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     greedy = SamplingParams(max_new_tokens=15, temperature=0, eos_bias=float("-inf"))
-    alone = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=1)
+    alone = GenerationEngine(GPTRunner(model, tiny_tokenizer, 1), max_batch_size=1)
     alone.start()
     expected = [[e.id for e in alone.generate(i, greedy)[0]] for i in ids]
     alone.stop()
     assert len({len(i) for i in ids}) == 4  # four prompt lengths: the batched passes need padding
     for budget, passes in [(4096, 1), (1, 4)]:  # one pass for all; a pass per prompt
-        eng = GenerationEngine(
-            model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=8, max_prefill_tokens=budget
-        )
+        eng = GenerationEngine(GPTRunner(model, tiny_tokenizer, 8), max_batch_size=8, max_prefill_tokens=budget)
         results: list[queue.Queue] = []
         for i in ids:  # queued before the worker starts: all four are admitted in the same step
             q: queue.Queue = queue.Queue()
@@ -232,12 +231,12 @@ def test_model_generate_equals_the_engine_for_the_same_seed(engine):
         SamplingParams(max_new_tokens=20, temperature=0),
     ):
         served = [e.id for e in engine.generate(ids, params)[0] if e.id != engine.eos_id]
-        alone = engine.model.generate(torch.tensor([ids]), params)[0].tolist()
+        alone = engine.runner.model.generate(torch.tensor([ids]), params)[0].tolist()
         assert alone == served, params
     assert (
         len(
             {
-                tuple(engine.model.generate(torch.tensor([ids]), SamplingParams(20, seed=s))[0].tolist())
+                tuple(engine.runner.model.generate(torch.tensor([ids]), SamplingParams(20, seed=s))[0].tolist())
                 for s in range(4)
             }
         )

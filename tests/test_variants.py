@@ -13,6 +13,7 @@ from models.positions import rope
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine import GenerationEngine
+from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
 from training.variants import VARIANTS
 
@@ -109,7 +110,7 @@ def test_save_load_round_trip_keeps_the_variant(name, tmp_path, tiny_tokenizer):
 def test_engine_batching_matches_running_alone(name, tiny_tokenizer):
     """Continuous batching (left padding, cache concat/select/trim) with the variants' extra cache tensors."""
     model = variant_gpt(name, vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer))
-    engine = GenerationEngine(model, tiny_tokenizer, eos_id(tiny_tokenizer), max_batch_size=4, max_queue=8)
+    engine = GenerationEngine(GPTRunner(model, tiny_tokenizer, 4), max_batch_size=4, max_queue=8)
     greedy = SamplingParams(max_new_tokens=12, temperature=0, eos_bias=float("-inf"))
     prompts = ["The castle was built in", "A", "The museum was opened in 1850 , by workers"]
     ids = [tiny_tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]

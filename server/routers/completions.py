@@ -11,13 +11,13 @@ from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 
-from server import inspection
 from server.compute import ComputeThread
 from server.dependencies import AppSettings, Registry
 from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, openai_error_body
 from server.registry import ServedModel
 from server.routers.sse import sse_response
+from server.runners import token_logprobs
 from server.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
 from server.service import CompletionJob, Fields, collect_all, find_model, merged_events, prepare_completion
 
@@ -157,7 +157,7 @@ async def echo_of(job: CompletionJob, alternatives: int | None, compute: Compute
     text = m.tokenizer.decode(ids)
     if alternatives is None:
         return Echo(text)
-    scored = await compute.run(inspection.token_logprobs, m, ids, alternatives)
+    scored = await compute.run(token_logprobs, m.runner, ids, alternatives)
     decode = m.tokenizer.decode
     top = [top_dict((decode([a]), v) for a, v in alts) for alts in scored.top]
     logprobs = Logprobs(

@@ -83,7 +83,7 @@ async def generate_stream(body: GenerateRequest, registry: Registry, settings: A
                     last = e
                 else:
                     # the held-back tail (a stop sequence's near miss, a partial character) rides on the last token
-                    final = last or TokenEvent(job.model.model.config.eos_token_id, "", special=True)
+                    final = last or TokenEvent(job.model.runner.facts.eos_id, "", special=True)
                     final = replace(final, text=final.text + e.tail)
                     details = StreamDetails(
                         finish_reason=e.reason, generated_tokens=e.generated_tokens, seed=job.params.seed

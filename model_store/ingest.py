@@ -1,0 +1,77 @@
+"""`tinyserve store add SRC NAME`: a checkpoint folder enters the store, validated, copied, manifested.
+
+SRC is one of ours (a folder `write_checkpoint` or `tinyserve export` wrote) or a transformers causal
+LM saved with `save_pretrained` (GPT-2 or GPT-NeoX, safetensors weights, a tokenizer). What cannot be
+served safely is refused before anything is copied: pickled weights, remote code (`auto_map` or .py
+files), an architecture no runner serves. The copy then loads as the server would load it; a copy that
+does not load is removed again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from model_store.store import (
+    MANIFEST,
+    PICKLE_SUFFIXES,
+    CheckpointError,
+    architecture_of,
+    load_causal_lm,
+    load_gpt,
+    load_mlm,
+    resolve,
+    write_manifest,
+)
+
+COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".png", ".model")  # configs, weights, vocab, card
+LOADERS = {"gpt": load_gpt, "causal-lm": load_causal_lm, "mlm": load_mlm}
+
+
+def check_source(src: Path) -> str:
+    """The source's architecture, or a CheckpointError naming the file and the rule it breaks."""
+    if not (src / "config.json").is_file():
+        raise CheckpointError(src, "not a checkpoint folder (no config.json)")
+    for p in src.iterdir():
+        if p.suffix in PICKLE_SUFFIXES:
+            raise CheckpointError(p, "pickle-format weights are never loaded; save with safetensors")
+        if p.suffix == ".py":
+            raise CheckpointError(p, "checkpoints with code (trust_remote_code) are not served")
+    config = json.loads((src / "config.json").read_text())
+    if "auto_map" in config:
+        raise CheckpointError(src / "config.json", "auto_map names remote code; such checkpoints are not served")
+    if not (src / "model.safetensors").is_file():
+        raise CheckpointError(src / "model.safetensors", "missing: weights must be one safetensors file")
+    architecture = architecture_of(config)
+    if architecture is None:
+        raise CheckpointError(
+            src / "config.json",
+            f"architecture {config.get('architectures') or config.get('architecture')!r} is not served "
+            "(ours, GPT2LMHeadModel, GPTNeoXForCausalLM, or an EsperBERTo masked LM)",
+        )
+    return architecture
+
+
+def add_checkpoint(src: Path, name: str, root: Path) -> Path:
+    """Copy the servable files of `src` into root/name with a card, metrics and a manifest; return it."""
+    src = Path(src)
+    architecture = check_source(src)
+    dst = resolve(name, root)
+    if dst.exists():
+        raise CheckpointError(dst, "already in the store; remove it first or choose another name")
+    dst.mkdir(parents=True)
+    try:
+        for p in sorted(src.iterdir()):
+            if p.is_file() and p.suffix in COPIED_SUFFIXES and p.name != MANIFEST:
+                shutil.copyfile(p, dst / p.name)
+        if not (dst / "README.md").exists():
+            (dst / "README.md").write_text(f"# {name}\n\nAdded with `tinyserve store add` ({architecture}).\n")
+        if not (dst / "metrics.json").exists():
+            (dst / "metrics.json").write_text("{}\n")
+        write_manifest(dst)
+        LOADERS[architecture](dst)  # loads as the server will, or nothing is kept
+    except Exception:
+        shutil.rmtree(dst)
+        raise
+    return dst

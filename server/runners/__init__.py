@@ -1,0 +1,44 @@
+"""Model runners, one per model family, behind one protocol (base.py). `load_runner` picks the family
+from the checkpoint's architecture (model_store.architecture_of)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from server.runners.base import CausalLMRunner, RunnerFacts, TextCodec, TokenLogprobs, token_logprobs
+
+# architecture (model_store.architecture_of) -> the loader of its runner
+CAUSAL_ARCHITECTURES = ("gpt", "causal-lm")
+
+
+def load_runner(architecture: str, folder: Path, device: torch.device, dtype: torch.dtype, max_rows: int):
+    """The runner of a validated checkpoint folder, its weights on device in dtype."""
+    from model_store import CheckpointError, load_causal_lm, load_gpt
+
+    if architecture == "gpt":
+        from server.runners.gpt import GPTRunner
+
+        model, tokenizer = load_gpt(folder, device, dtype)
+        return GPTRunner(model, tokenizer, max_rows)
+    if architecture == "causal-lm":
+        from server.runners.hf_causal import HFCausalLMRunner
+
+        model, tokenizer = load_causal_lm(folder, device, dtype)
+        try:
+            return HFCausalLMRunner(model, tokenizer, max_rows)
+        except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint
+            raise CheckpointError(folder / "config.json", str(e)) from None
+    raise CheckpointError(folder / "config.json", f"no runner for architecture {architecture!r}")
+
+
+__all__ = [
+    "CAUSAL_ARCHITECTURES",
+    "CausalLMRunner",
+    "RunnerFacts",
+    "TextCodec",
+    "TokenLogprobs",
+    "load_runner",
+    "token_logprobs",
+]

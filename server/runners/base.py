@@ -1,0 +1,92 @@
+"""The model-runner seam: what the engine, inspection, service and routers need from a causal language
+model, whatever its family (our GPT, a transformers causal LM). A new family is one class with these
+methods, registered in server/runners/__init__.py (docs/ADDING_A_MODEL_FAMILY.md).
+
+Slots: the engine keeps up to `max_rows` running sequences; sequence i of a decode step lives in slot
+i. A runner stores each slot's keys and values its own way (our GPT: a static cache of slots; a
+transformers model: a cache per slot) and the engine only names slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class TextCodec(Protocol):
+    """Text <-> token ids, with no special tokens added or shown (the end-of-text token decodes to '')."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class RunnerFacts:
+    """What the layers above show and check: limits, vocabulary, attention shape."""
+
+    family: str  # "gpt" (ours) or the transformers architecture, e.g. "GPTNeoXForCausalLM"
+    context_length: int
+    vocab_size: int
+    eos_id: int
+    layers: int
+    heads: int
+    normaliser: str  # the attention normaliser: softmax0 or softmax1
+    attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
+    config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
+
+
+@dataclass
+class TokenLogprobs:
+    """log p(ids[t] | ids[:t]) for t = 1..T-1 of a sequence, with the top alternatives at each position."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]  # per position: (token id, logprob), most likely first
+
+
+class CausalLMRunner(Protocol):
+    facts: RunnerFacts
+    tokenizer: TextCodec
+    model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
+
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Run each prompt into its slot; next-token logits (n, vocab), float32 on the CPU."""
+        ...
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One step for the sequences in slots 0..n-1: token i is at position i; logits (n, vocab) as above."""
+        ...
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Slot src's first `length` positions now belong to slot dst (the engine compacts its batch)."""
+        ...
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """Every position's next-token logits (T, vocab) of one sequence, no cache: scoring."""
+        ...
+
+    def attention(self, ids: list[int]) -> list[torch.Tensor]:
+        """Per layer, the (heads, T, T) attention weights of one sequence."""
+        ...
+
+    def compile_target(self, max_rows: int) -> tuple[object, list[Hashable]] | None:
+        """A fixed-shape step for server/compiled.py and its buckets of at most max_rows rows in compile
+        order, or None when the family has none."""
+        ...
+
+
+@torch.inference_mode()
+def token_logprobs(runner: CausalLMRunner, ids: list[int], top_n: int) -> TokenLogprobs:
+    """One forward pass over the sequence; the first token has no prediction. /score and the echoed
+    prompts of /v1/completions both read their logprobs here."""
+    logp = torch.log_softmax(runner.logits(ids)[:-1].float(), dim=-1)  # (T-1, V): row t predicts ids[t+1]
+    targets = torch.tensor(ids[1:], device=logp.device)
+    chosen = logp[torch.arange(len(ids) - 1, device=logp.device), targets].tolist()
+    top: list[list[tuple[int, float]]] = [[] for _ in chosen]
+    if top_n:
+        vals, alt = logp.topk(top_n, dim=-1)
+        top = [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
+    return TokenLogprobs(chosen, top)
