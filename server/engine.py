@@ -69,17 +69,24 @@ class QueueFullError(RuntimeError):
 
 class GenerationRequest:
     def __init__(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None], timeout_s: float | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[Event], None],
+        timeout_s: float | None,
+        withdraw: Callable[[GenerationRequest], None] = lambda req: None,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
         self.sink = sink
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
         self.cancelled = threading.Event()
+        self._withdraw = withdraw
 
     def cancel(self) -> None:
-        """Stop at the next decode step (e.g. the client disconnected)."""
+        """Leave the waiting queue now, or stop at the next decode step (e.g. the client disconnected)."""
         self.cancelled.set()
+        self._withdraw(self)
 
 
 class _Row:
@@ -150,7 +157,7 @@ class GenerationEngine:
             raise ValueError("prompt is empty")
         if len(prompt_ids) >= self.context_length:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.context_length}")
-        req = GenerationRequest(prompt_ids, params, sink, timeout_s)
+        req = GenerationRequest(prompt_ids, params, sink, timeout_s, self._withdraw)
         with self._lock:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests waiting (max_queue={self.max_queue})")
@@ -158,6 +165,16 @@ class GenerationEngine:
             self.stats.queued = len(self._waiting)
         self.wake()
         return req
+
+    def _withdraw(self, req: GenerationRequest) -> None:
+        """A cancelled request still waiting frees its place in the queue at once (no 429 for others)."""
+        with self._lock:
+            try:
+                self._waiting.remove(req)
+            except ValueError:
+                return  # admitted or finished: the next step drops it
+            self.stats.queued = len(self._waiting)
+        self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
 
     # -- the scheduling loop, one iteration per call from the compute thread ---------------------
 

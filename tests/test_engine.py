@@ -156,6 +156,20 @@ def test_queue_full_and_bad_prompts(tiny_tokenizer):
         eng.submit(list(range(5, 21)), SamplingParams(), lambda e: None)
 
 
+def test_a_cancelled_request_leaves_the_queue_at_once(tiny_tokenizer):
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), context_length=16)
+    eng = GenerationEngine(GPTRunner(model, tiny_tokenizer), max_queue=2)  # not started: nothing drains
+    events: list = []
+    first = eng.submit([5, 6], SamplingParams(), events.append)
+    eng.submit([5, 6], SamplingParams(), lambda e: None)
+    first.cancel()
+    assert [(type(e), e.reason) for e in events] == [(FinishEvent, "cancelled")]
+    assert eng.stats.queued == 1
+    eng.submit([5, 6], SamplingParams(), lambda e: None)  # its place is free: no QueueFullError
+    first.cancel()  # cancelling twice is harmless
+    assert len(events) == 1
+
+
 def test_generation_stops_at_the_context_length(engine):
     fin = engine.generate(prompt(engine), SamplingParams(max_new_tokens=1000, eos_bias=float("-inf")))[1]
     assert fin.reason == "length" and fin.generated_tokens == 64 - len(prompt(engine))
