@@ -49,8 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(demo.router)
     app.mount("/static", StaticFiles(directory=demo.STATIC_DIR), name="static")
 
-    # outermost last: size cap, then auth, then CORS (so preflights and 401s carry CORS headers), then
-    # metrics (so 401s and 413s are counted too)
+    # each add wraps the ones before it: auth innermost, then the size cap, then CORS (so preflights and
+    # 401s carry CORS headers), metrics outermost (so 401s and 413s are counted too)
     if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value(), exempt=settings.auth_exempt)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -1,7 +1,7 @@
 """softmax1 attention for Hugging Face models, through the library's own extension points.
 
 Registering "softmax1" with `AttentionInterface` makes every transformers model that dispatches its
-attention through `ALL_ATTENTION_FUNCTIONS` (RoBERTa does) accept `attn_implementation="softmax1"`.
+attention through `ALL_ATTENTION_FUNCTIONS` (RoBERTa and ModernBERT do) accept `attn_implementation="softmax1"`.
 The matching `AttentionMaskInterface` registration is what turns the padding mask into the additive
 mask this function expects: without it the mask would be None and padding silently attended to.
 """

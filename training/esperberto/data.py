@@ -1,4 +1,4 @@
-"""Esperanto corpus, RoBERTa tokenizer, and fixed-length MLM blocks.
+"""Esperanto corpus, its byte-level BPE tokenizer (RoBERTa's special tokens), and fixed-length MLM blocks.
 
 The corpus is every `*.txt` in a folder (../shared/data/esperanto: one paragraph per line) or, when
 online, the original study's Hugging Face dataset `chriswmurphy/esperanto`. Every `holdout_every`-th
