@@ -3,7 +3,7 @@
 tinyserve serve [--port 9000 ...]            python -m server
 tinyserve serve-ray [--max-replicas 4 ...]   python -m server.ray_serve (Ray Serve replicas; extra: [ray])
 tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
-tinyserve eval|complete|kurtosis|experiments  python -m training eval|complete|kurtosis|experiments
+tinyserve eval|complete|eos|kurtosis|...     python -m training eval|complete|eos|kurtosis|experiments
 tinyserve export MODEL OUT --format hf       a store GPT as a GPT-NeoX checkpoint for transformers
 tinyserve store add SRC NAME                 a checkpoint (ours, a transformers GPT-2 or GPT-NeoX) into the store
 """
@@ -14,7 +14,7 @@ import argparse
 import sys
 
 TRAIN = ("gpt", "esperberto", "tokenizer")
-TRAINING_TOOLS = ("eval", "complete", "kurtosis", "experiments")
+TRAINING_TOOLS = ("eval", "complete", "eos", "kurtosis", "experiments")
 
 
 def main(argv: list[str] | None = None) -> None:
