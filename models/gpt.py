@@ -30,7 +30,7 @@ from models.config import GPTConfig
 from models.kv_cache import KVCache, StaticKVCache
 from models.positions import rope, sinusoidal_encoding
 from models.relational import RelationalAttention
-from models.sampling import SamplingParams, choose_token, process_logits
+from models.sampling import SamplingParams, SequenceState, sample
 from models.softmax import get_softmax
 
 
@@ -281,16 +281,16 @@ class GPT(nn.Module):
         """
         idx = idx[:, -self.config.context_length :]
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        seen = idx[0].tolist()
+        state = SequenceState(params, idx[0].tolist(), 0, generator)
         cache = KVCache(self.config.n_layer)
-        logits = self(idx, kv_cache=cache).logits[0, -1]  # (V,)
+        logits = self(idx, kv_cache=cache).logits[:, -1]  # (1, V)
         out: list[int] = []
         for _ in range(min(params.max_new_tokens, self.config.context_length - idx.shape[1])):
-            processed = process_logits(logits.float(), params, seen, len(out), self.config.eos_token_id)
-            token = choose_token(processed, params, generator)
+            token = sample(logits, [state], self.config.eos_token_id)[0].token
             if token == self.config.eos_token_id:
                 break
             out.append(token)
-            seen.append(token)
-            logits = self(idx.new_tensor([[token]]), kv_cache=cache).logits[0, -1]
+            state.seen.append(token)
+            state.generated += 1
+            logits = self(idx.new_tensor([[token]]), kv_cache=cache).logits[:, -1]
         return idx.new_tensor([out])

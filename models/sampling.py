@@ -1,9 +1,11 @@
-"""Per-request sampling: the logits pipeline and EOS downweighting (stop sequences are text: server/detokenizer.py).
+"""The sampler: one call chooses the next token of every sequence in a batch, as tensor ops over the
+batch's logits (stop sequences are text: server/detokenizer.py).
 
 One sampler for the serving engine and `GPT.generate` (so `python -m training complete` and the
-server give the same tokens for the same prompt, parameters and seed).
+server give the same tokens for the same prompt, parameters and seed). A seeded request draws from a
+generator of its own, so its tokens do not depend on what else is in the batch.
 
-Order of operations on a row of next-token logits (as in transformers' generate):
+Order of operations on each row of next-token logits (as in transformers' generate):
 repetition penalty -> logit bias -> EOS bias (constant, or relaxing with length) -> min_new_tokens ->
 temperature -> top-k -> top-p -> sample (greedy at temperature 0).
 """
@@ -40,51 +42,95 @@ class SamplingParams:
         return self.eos_bias * self.eos_bias_decay ** (generated - self.eos_bias_start)
 
 
-def process_logits(
-    logits: torch.Tensor,  # (V,) float32 raw logits of one row
-    params: SamplingParams,
-    seen: list[int],  # ids of prompt + generated tokens
-    generated: int,
-    eos_id: int,
-) -> torch.Tensor:
-    """Apply every adjustment except temperature/top-k/top-p; returns a new (V,) tensor."""
-    logits = logits.clone()
-    if params.repetition_penalty != 1.0 and seen:
-        ids = torch.tensor(sorted(set(seen)))
-        vals = logits[ids]
-        logits[ids] = torch.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
-    for tid, bias in params.logit_bias.items():
-        logits[tid] += bias
-    logits[eos_id] += params.eos_bias_at(generated)
-    if generated < params.min_new_tokens:
-        logits[eos_id] = float("-inf")
-    return logits
+@dataclass
+class SequenceState:
+    """What the sampler reads of a running sequence besides its logits."""
+
+    params: SamplingParams
+    seen: list[int]  # prompt + generated ids (the repetition penalty's memory)
+    generated: int
+    generator: torch.Generator | None = None  # only where the request gave a seed
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Greedy at temperature 0; otherwise temperature, top-k, top-p (nucleus) and a seeded draw."""
-    if params.temperature == 0:
-        return int(logits.argmax())
-    logits = logits / params.temperature
-    if params.top_k is not None and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p is not None and params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p  # smallest set reaching top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    if not torch.isfinite(probs).all() or probs.sum() <= 0:  # every token banned: fall back to greedy
-        return int(logits.argmax())
-    return int(torch.multinomial(probs, 1, generator=generator))
+@dataclass(frozen=True)
+class Draw:
+    token: int
+    logprob: float | None = None  # under the model, before any adjustment; when asked for
+    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens and their logprobs, when asked for
 
 
-def token_logprobs(raw_logits: torch.Tensor, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
-    """Log-probability of `token` under the model (before any sampling adjustment), and the top-N."""
-    logp = torch.log_softmax(raw_logits.float(), dim=-1)
-    top: list[tuple[int, float]] = []
-    if top_n:
-        vals, ids = torch.topk(logp, top_n)
-        top = [(int(i), float(v)) for i, v in zip(ids, vals, strict=True)]
-    value = float(logp[token])
-    return (value if math.isfinite(value) else -1e9), top
+def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) -> torch.Tensor:
+    """(n, V) float32 raw logits -> a new tensor with every adjustment before temperature applied."""
+    n, V = logits.shape
+    out = logits.clone()
+    penalised = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0 and r.seen]
+    if penalised:
+        mask = torch.zeros(n, V, dtype=torch.bool)
+        for i in penalised:
+            mask[i, torch.tensor(rows[i].seen)] = True
+        penalty = torch.tensor([r.params.repetition_penalty for r in rows], dtype=out.dtype).unsqueeze(1)
+        out = torch.where(mask, torch.where(out > 0, out / penalty, out * penalty), out)
+    biased = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
+    if biased:
+        i, t, b = zip(*biased, strict=True)
+        out.index_put_((torch.tensor(i), torch.tensor(t)), torch.tensor(b, dtype=out.dtype), accumulate=True)
+    out[:, eos_id] += torch.tensor([r.params.eos_bias_at(r.generated) for r in rows], dtype=out.dtype)
+    blocked = [i for i, r in enumerate(rows) if r.generated < r.params.min_new_tokens]
+    if blocked:
+        out[blocked, eos_id] = float("-inf")
+    return out
+
+
+def choose_tokens(logits: torch.Tensor, rows: list[SequenceState]) -> list[int]:
+    """Adjusted (n, V) logits -> one token per row: greedy at temperature 0, otherwise temperature,
+    top-k, top-p (nucleus) and a draw, seeded rows from their own generator."""
+    tokens = logits.argmax(dim=-1).tolist()
+    sampled = [i for i, r in enumerate(rows) if r.params.temperature != 0]
+    if not sampled:
+        return tokens
+    params = [rows[i].params for i in sampled]
+    V = logits.shape[1]
+    x = logits[sampled] / torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+    ks = [p.top_k if p.top_k is not None and p.top_k < V else 0 for p in params]
+    if any(ks):
+        kth = x.topk(max(ks), dim=-1).values  # (m, max k), largest first
+        floor = torch.stack([kth[j, k - 1] if k else x.new_tensor(float("-inf")) for j, k in enumerate(ks)])
+        x = x.masked_fill(x < floor.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    nucleus = [p.top_p if p.top_p is not None and p.top_p < 1.0 else 2.0 for p in params]  # 2: keeps all
+    if any(p < 1.0 for p in nucleus):
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < torch.tensor(nucleus).unsqueeze(1)  # smallest set reaching p
+        kept = torch.zeros_like(probs).scatter(1, order, sorted_probs * keep)
+        probs = torch.where(torch.tensor(nucleus).unsqueeze(1) < 1.0, kept, probs)
+    usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)  # else every token banned: greedy
+    fallback = x.argmax(dim=-1).tolist()
+    unseeded = [j for j, i in enumerate(sampled) if rows[i].generator is None and usable[j]]
+    if unseeded:  # one draw for every row without a seed
+        for j, t in zip(unseeded, torch.multinomial(probs[unseeded], 1).squeeze(1).tolist(), strict=True):
+            tokens[sampled[j]] = t
+    for j, i in enumerate(sampled):
+        if not usable[j]:
+            tokens[i] = fallback[j]
+        elif rows[i].generator is not None:  # a seeded row draws from its own stream, as when alone
+            tokens[i] = int(torch.multinomial(probs[j], 1, generator=rows[i].generator))
+    return tokens
+
+
+def sample(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) -> list[Draw]:
+    """The batch's next tokens from raw (n, V) logits, with the logprobs the rows asked for."""
+    logits = logits.float()
+    tokens = choose_tokens(adjust_logits(logits, rows, eos_id), rows)
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs]
+    if not wanted:
+        return [Draw(t) for t in tokens]
+    logp = torch.log_softmax(logits[wanted], dim=-1)
+    chosen = logp.gather(1, torch.tensor([tokens[i] for i in wanted]).unsqueeze(1)).squeeze(1).tolist()
+    most = max(rows[i].params.top_logprobs for i in wanted)
+    top_vals, top_ids = logp.topk(most, dim=-1) if most else (logp[:, :0], logp[:, :0].long())
+    draws = [Draw(t) for t in tokens]
+    for j, i in enumerate(wanted):
+        k = rows[i].params.top_logprobs
+        top = tuple(zip(top_ids[j, :k].tolist(), top_vals[j, :k].tolist(), strict=True))
+        draws[i] = Draw(tokens[i], chosen[j] if math.isfinite(chosen[j]) else -1e9, top)
+    return draws

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.sampling import SamplingParams, choose_token, process_logits, token_logprobs
+from models.sampling import Draw, SamplingParams, SequenceState, sample
 from server.compute import ComputeThread
 from server.detokenizer import Detokenizer
 from server.runners import CausalLMRunner
@@ -95,12 +95,12 @@ class _Row:
     def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int, tokenizer) -> None:
         self.req = req
         self.logits = logits  # (V,) raw logits for the next token
-        self.seen = list(req.prompt_ids)
         self.generated: list[int] = []
         self.length = len(req.prompt_ids)  # real tokens in the cache
         self.max_new = max_new
         self.detokenizer = Detokenizer(tokenizer, req.params.stop)
-        self.generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
+        generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
+        self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
 
 
 @dataclass
@@ -247,10 +247,12 @@ class GenerationEngine:
             self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
 
     def _step(self) -> None:
-        """Choose one token for every row, retire finished rows, run one batched decode step."""
+        """Choose one token for every row (one sampler call), retire finished rows, run one decode step."""
         if not self._rows:
             return
-        kept = [row for row in self._rows if self._advance(row)]
+        live = [row for row in self._rows if self._wanted(row)]
+        draws = sample(torch.stack([r.logits for r in live]), [r.sampling for r in live], self.eos_id) if live else []
+        kept = [row for row, draw in zip(live, draws, strict=True) if self._advance(row, draw)]
         if len(kept) < len(self._rows):
             self._compact(kept)
             self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
@@ -279,20 +281,21 @@ class GenerationEngine:
             placed[hole] = row
         self._rows = placed
 
-    def _advance(self, row: _Row) -> bool:
-        """Sample the row's next token and report it; False when the row is finished."""
-        req, p = row.req, row.req.params
-        if req.cancelled.is_set():
+    def _wanted(self, row: _Row) -> bool:
+        """False (and finished) when the request was cancelled or ran out of time."""
+        if row.req.cancelled.is_set():
             self._finish(row, "cancelled")
             return False
-        if req.deadline is not None and time.monotonic() > req.deadline:
+        if row.req.deadline is not None and time.monotonic() > row.req.deadline:
             self._finish(row, "timeout", "request exceeded its time limit")
             return False
-        n = len(row.generated)
-        logits = process_logits(row.logits, p, row.seen, n, self.eos_id)
-        token = choose_token(logits, p, row.generator)
-        logprob, top = token_logprobs(row.logits, token, p.top_logprobs) if p.logprobs else (None, [])
-        alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in top)
+        return True
+
+    def _advance(self, row: _Row, draw: Draw) -> bool:
+        """Report the row's sampled token; False when the row is finished."""
+        req, p = row.req, row.req.params
+        token, logprob = draw.token, draw.logprob
+        alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in draw.top)
         token_text = self.tokenizer.decode([token]) if p.logprobs else ""
         self.stats.tokens_generated += 1
         if token == self.eos_id:
@@ -300,7 +303,8 @@ class GenerationEngine:
             self._finish(row, "eos_token")
             return False
         row.generated.append(token)
-        row.seen.append(token)
+        row.sampling.seen.append(token)
+        row.sampling.generated += 1
         released, stopped = row.detokenizer.add(token)
         at_length = len(row.generated) >= row.max_new
         last = stopped or at_length

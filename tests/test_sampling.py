@@ -1,7 +1,20 @@
+import json
+
 import torch
 
-from models.sampling import SamplingParams, choose_token, process_logits, token_logprobs
+from models.sampling import SamplingParams, SequenceState, adjust_logits, choose_tokens, sample
 from server.detokenizer import StopMatcher
+from tests.conftest import FIXTURES, tiny_gpt
+
+
+def process_logits(logits, params, seen, generated, eos_id):
+    """One row through the batched adjustment."""
+    return adjust_logits(logits.unsqueeze(0), [SequenceState(params, seen, generated)], eos_id)[0]
+
+
+def choose_token(logits, params, generator):
+    """One row through the batched choice."""
+    return choose_tokens(logits.unsqueeze(0), [SequenceState(params, [], 0, generator)])[0]
 
 
 def test_stop_matcher_holds_back_possible_prefixes_and_cuts_at_the_stop():
@@ -58,6 +71,38 @@ def test_seeded_sampling_is_reproducible():
 
 def test_token_logprobs():
     logits = torch.tensor([1.0, 2.0, 3.0])
-    lp, top = token_logprobs(logits, 0, 2)
-    assert abs(lp - torch.log_softmax(logits, -1)[0].item()) < 1e-6
-    assert [t for t, _ in top] == [2, 1]
+    params = SamplingParams(temperature=0, logit_bias={0: 100.0}, logprobs=True, top_logprobs=2)
+    draw = sample(logits.unsqueeze(0), [SequenceState(params, [], 0)], eos_id=1)[0]
+    assert draw.token == 0  # chosen after the bias; its logprob is the model's, before it
+    assert abs(draw.logprob - torch.log_softmax(logits, -1)[0].item()) < 1e-6
+    assert [t for t, _ in draw.top] == [2, 1]
+
+
+def test_seeded_generations_are_bit_for_bit_the_recorded_ones():
+    """Tokens recorded with the per-row sampler this batched one replaced (same prompts, params, seeds)."""
+    for case in json.loads((FIXTURES / "recorded_sampling.json").read_text()):
+        model = tiny_gpt(seed=case["model_seed"], eos_token_id=2, context_length=64)
+        params = dict(case["params"])
+        params["logit_bias"] = {int(k): v for k, v in params.get("logit_bias", {}).items()}
+        out = model.generate(torch.tensor([case["prompt"]]), SamplingParams(**params))[0].tolist()
+        assert out == case["tokens"], case
+
+
+def test_a_batch_samples_each_seeded_row_as_if_alone():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40) * 3
+    params = [
+        SamplingParams(temperature=0.8, top_k=5, seed=1),
+        SamplingParams(temperature=0, repetition_penalty=1.4),
+        SamplingParams(temperature=1.3, top_p=0.7, seed=2, logit_bias={3: 2.0}),
+        SamplingParams(temperature=1.0, min_new_tokens=4, eos_bias=3.0, seed=3, logprobs=True, top_logprobs=3),
+        SamplingParams(temperature=0.6, top_k=3, top_p=0.9, repetition_penalty=1.2, seed=4),
+    ]
+
+    def rows():
+        return [SequenceState(p, [1, 2, 3, i], i, torch.Generator().manual_seed(p.seed) if p.seed else None)
+                for i, p in enumerate(params)]  # fmt: skip
+
+    batch = sample(logits, rows(), eos_id=0)
+    alone = [sample(logits[i : i + 1], [r], eos_id=0)[0] for i, r in enumerate(rows())]
+    assert batch == alone
