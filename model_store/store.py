@@ -245,41 +245,34 @@ def load_gpt(
 def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """Validate and load an EsperBERTo (RoBERTa or ModernBERT masked LM) checkpoint and its tokenizer, in eval mode.
 
-    Importing training.esperberto registers softmax1, so a softmax1 checkpoint comes back as one.
+    Importing models.esperberto registers softmax1, so a softmax1 checkpoint comes back as one.
     """
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoModelForMaskedLM
 
     import models.esperberto  # noqa: F401  (registers the softmax1 attention function)
 
-    folder = Path(folder)
-    config = validate(folder)
-    if architecture_of(config) != "mlm":
-        raise CheckpointError(
-            folder / "config.json", f"not a masked LM checkpoint (one of {sorted(MLM_ARCHITECTURES)})"
-        )
-    try:
-        model = AutoModelForMaskedLM.from_pretrained(folder, use_safetensors=True, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(folder, f"cannot be loaded by transformers ({e})") from None
-    return model.to(device).eval(), tokenizer
+    return _load_transformers(folder, "mlm", MLM_ARCHITECTURES, AutoModelForMaskedLM, device, dtype)
 
 
 def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Validate and load a transformers causal LM checkpoint (safetensors only, no remote code) and its
-    tokenizer, in eval mode, with eager attention (it returns attention weights for /attention)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Validate and load a transformers causal LM checkpoint and its tokenizer, in eval mode, with eager
+    attention (it returns attention weights for /attention)."""
+    from transformers import AutoModelForCausalLM
+
+    return _load_transformers(
+        folder, "causal-lm", CAUSAL_LM_ARCHITECTURES, AutoModelForCausalLM, device, dtype, attn_implementation="eager"
+    )
+
+
+def _load_transformers(folder, architecture: str, accepted: set[str], auto_class, device, dtype, **kwargs):
+    """A validated transformers checkpoint: safetensors weights only, never remote code."""
+    from transformers import AutoTokenizer
 
     folder = Path(folder)
-    config = validate(folder)
-    if architecture_of(config) != "causal-lm":
-        raise CheckpointError(
-            folder / "config.json", f"not a causal LM checkpoint (one of {sorted(CAUSAL_LM_ARCHITECTURES)})"
-        )
+    if architecture_of(validate(folder)) != architecture:
+        raise CheckpointError(folder / "config.json", f"not a {architecture} checkpoint (one of {sorted(accepted)})")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, use_safetensors=True, dtype=dtype, trust_remote_code=False, attn_implementation="eager"
-        )
+        model = auto_class.from_pretrained(folder, use_safetensors=True, dtype=dtype, trust_remote_code=False, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(folder, f"cannot be loaded by transformers ({e})") from None
