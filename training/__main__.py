@@ -117,6 +117,7 @@ def add_card_parser(sub) -> None:
     p = sub.add_parser("card", help="rewrite a run's model card (samples, EOS table) into its exported checkpoint")
     p.add_argument("run", help="the run folder (run_config.json, metrics.json)")
     p.add_argument("checkpoint", help="the model-store checkpoint the run exported")
+    p.add_argument("--note", default="", help="Markdown for a Notes section (e.g. how it compares with its predecessor)")
 
 
 def add_esperberto_parser(sub) -> None:
@@ -262,7 +263,7 @@ def run_eos(args) -> None:
 def run_card(args) -> None:
     from training.card import rewrite_card
 
-    rewrite_card(Path(args.run), Path(args.checkpoint))
+    rewrite_card(Path(args.run), Path(args.checkpoint), args.note)
     print(Path(args.checkpoint) / "README.md")
 
 

@@ -38,8 +38,9 @@ def eos_markdown(model: GPT, tokenizer: Tokenizer, prompt: str = "The castle was
     return eos_table(eos_lengths(model, tokenizer, prompt), prompt, seeds=20, max_new_tokens=128)
 
 
-def rewrite_card(run: Path, folder: Path) -> dict:
-    """The run's card, with samples and EOS table of the exported weights, into `folder` (manifest too)."""
+def rewrite_card(run: Path, folder: Path, note: str = "") -> dict:
+    """The run's card, with samples and EOS table of the exported weights (and a note, e.g. how it
+    compares with the model it replaces), into `folder` (manifest too)."""
     from model_store.store import load_gpt, write_manifest
     from training.report import write_gpt_card
 
@@ -49,6 +50,8 @@ def rewrite_card(run: Path, folder: Path) -> dict:
     metrics["samples"] = samples_markdown(model, tokenizer)
     metrics["eos"] = eos_markdown(model, tokenizer)
     card = write_gpt_card(cfg_dict=run_config["config"], metrics=metrics, command=run_config["command"])
+    if note:
+        card = card.replace("\n![loss curve]", f"\n## Notes\n\n{note.strip()}\n\n![loss curve]")
     (folder / "README.md").write_text(card)
     for path in (folder / "metrics.json", run / "metrics.json"):
         path.write_text(json.dumps(metrics, indent=2) + "\n")
