@@ -117,7 +117,7 @@ def add_card_parser(sub) -> None:
     p = sub.add_parser("card", help="rewrite a run's model card (samples, EOS table) into its exported checkpoint")
     p.add_argument("run", help="the run folder (run_config.json, metrics.json)")
     p.add_argument("checkpoint", help="the model-store checkpoint the run exported")
-    p.add_argument("--note", default="", help="Markdown for a Notes section (e.g. how it compares with its predecessor)")
+    p.add_argument("--note", default="", help="Markdown for a Notes section (how it compares with its predecessor)")
 
 
 def add_esperberto_parser(sub) -> None:
