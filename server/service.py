@@ -39,8 +39,9 @@ class CompletionJob:
     """A validated completion request: the model, the prompt's token ids and the sampling parameters."""
 
     model: ServedModel
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # what generation continues
     params: SamplingParams
+    echo_ids: list[int] | None = None  # the whole prompt, when it is echoed (it may exceed the context)
 
 
 def find_model(registry: ModelRegistry, model_id: str | None, kind: str | None, field: str) -> ServedModel:
@@ -71,14 +72,19 @@ def prepare_completion(
     params: SamplingParams,
     truncate: int | None = None,
     fields: Fields = DEFAULT_FIELDS,
+    echo: bool = False,
 ) -> CompletionJob:
-    """A prompt given as text or as token ids, checked against the model and its limits."""
+    """A prompt given as text or as token ids, checked against the model and its limits. An echoed
+    prompt is scored whole, however long (lm-eval sends windows longer than a small model's context);
+    its completion continues from the last tokens that fit."""
     m = find_model(registry, model_id, "gpt", fields.model)
     check_logit_bias(m, params.logit_bias, fields.logit_bias)
     if isinstance(prompt, str):
         ids = encode_prompt(m, prompt, settings, fields.prompt)
     else:
-        ids = check_token_ids(m, prompt, fields.prompt)
+        ids = check_token_ids(m, prompt, settings, fields.prompt)
+    if echo:
+        return CompletionJob(m, ids[-(m.context_length - 1) :], params, echo_ids=ids)
     return CompletionJob(m, fit_prompt(m, ids, settings, truncate, fields.prompt), params)
 
 
@@ -96,8 +102,10 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, field: str) -> 
     return ids
 
 
-def check_token_ids(m: ServedModel, ids: list[int], field: str) -> list[int]:
+def check_token_ids(m: ServedModel, ids: list[int], settings: Settings, field: str) -> list[int]:
     """A prompt sent as token ids: each must be in the vocabulary; the error names the index."""
+    if len(ids) > settings.max_prompt_chars:
+        raise APIError(422, f"{field}: prompt has {len(ids)} tokens; the limit is {settings.max_prompt_chars}", field)
     vocab = m.runner.facts.vocab_size
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:

@@ -123,3 +123,27 @@ def test_openai_client_echo_logprobs(client, gpt):
     lp = c.choices[0].logprobs
     assert lp.token_logprobs[0] is None
     assert lp.token_logprobs[1 : len(ids)] == pytest.approx(own_logprobs(model, ids)[0], abs=1e-4)
+
+
+def test_echoed_prompts_longer_than_the_context_are_scored_with_sliding_windows(client, gpt):
+    """lm-eval sends windows of its own max_length (2048 unless told): scored whole, each token with
+    at least half a context before it; the completion continues from the last tokens that fit."""
+    model, tok = gpt
+    L = model.config.context_length  # 48
+    ids = (tok.encode("The castle was built in 1350 . A river runs north . ", add_special_tokens=False).ids * 20)[:130]
+    body = {**GREEDY, "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    lps = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(lps) == len(ids) + 1 and lps[0] is None
+    expected = own_logprobs(model, ids[:L])[0]  # the first window: every token its whole past
+    for start in range(L // 2, len(ids), L // 2):  # then each token with at least L/2 before it
+        window = ids[start : start + L]
+        scored = own_logprobs(model, window)[0][L - L // 2 - 1 :]
+        expected += scored[: len(ids) - 1 - len(expected)]
+        if len(expected) == len(ids) - 1:
+            break
+    assert lps[1 : len(ids)] == pytest.approx(expected, abs=1e-4)
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    r = client.post("/v1/completions", json={**GREEDY, "prompt": ids, "max_tokens": 1})
+    assert r.status_code == 422 and error_of(r)["field"] == "prompt"  # without echo: refused, as before

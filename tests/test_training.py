@@ -10,6 +10,7 @@ import torch
 from model_store.store import load_gpt
 from models.gpt import GPTConfig
 from tests.conftest import REPO, TINY_WIKI
+from training.card import rewrite_card
 from training.trainer import TrainConfig, lr_at, train
 
 TINY_MODEL = dict(vocab_size=300, n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)
@@ -47,8 +48,12 @@ def test_tiny_run_lowers_loss_and_exports_a_servable_checkpoint(tmp_path):
     assert (tmp_path / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     card = (tmp_path / "store" / "tiny" / "README.md").read_text()
     assert "word-level ppl" in card and "Command: `test`" in card
+    assert "## Samples" in card and "| eos_bias | mean completion length" in card  # what a user sees
     model, tok = load_gpt(tmp_path / "store" / "tiny")
     assert model.config.vocab_size == tok.get_vocab_size()
+    rewrite_card(tmp_path, tmp_path / "store" / "tiny", note="Replaces nothing.")
+    assert "## Notes\n\nReplaces nothing." in (tmp_path / "store" / "tiny" / "README.md").read_text()
+    load_gpt(tmp_path / "store" / "tiny")  # the manifest still matches
 
 
 def test_runs_are_reproducible_and_resumable(tmp_path):

@@ -53,7 +53,13 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     many = len(body.prompt) > 1
     prompt_jobs = [
         prepare_completion(
-            registry, settings, body.model, prompt, params, fields=Fields(prompt=f"prompt[{i}]" if many else "prompt")
+            registry,
+            settings,
+            body.model,
+            prompt,
+            params,
+            fields=Fields(prompt=f"prompt[{i}]" if many else "prompt"),
+            echo=body.echo,
         )
         for i, prompt in enumerate(body.prompt)
     ]
@@ -96,7 +102,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
             )
             for i, (tokens, finish) in enumerate(results)
         ]
-        prompt_tokens = sum(finish.prompt_tokens for _, finish in results[:: body.n])  # each prompt once
+        prompt_tokens = sum(len(job.echo_ids or job.prompt_ids) for job in prompt_jobs)  # each prompt once
         completion_tokens = sum(finish.generated_tokens for _, finish in results)
         usage = Usage(
             prompt_tokens=prompt_tokens,
@@ -152,8 +158,9 @@ class Echo(NamedTuple):
 
 async def echo_of(job: CompletionJob, alternatives: int | None, compute: ComputeThread) -> Echo:
     """The prompt as text (decoded from its ids, so token-id prompts echo too) and, with `logprobs`, each
-    prompt token's logprob (the first is null: nothing predicts it), offset and top alternatives."""
-    m, ids = job.model, job.prompt_ids
+    prompt token's logprob (the first is null: nothing predicts it), offset and top alternatives. A
+    prompt longer than the model's context is scored with sliding windows (runners.token_logprobs)."""
+    m, ids = job.model, job.echo_ids or job.prompt_ids
     text = m.tokenizer.decode(ids)
     if alternatives is None:
         return Echo(text)

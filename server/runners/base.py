@@ -80,13 +80,29 @@ class CausalLMRunner(Protocol):
 
 @torch.inference_mode()
 def token_logprobs(runner: CausalLMRunner, ids: list[int], top_n: int) -> TokenLogprobs:
-    """One forward pass over the sequence; the first token has no prediction. /score and the echoed
-    prompts of /v1/completions both read their logprobs here."""
-    logp = torch.log_softmax(runner.logits(ids)[:-1].float(), dim=-1)  # (T-1, V): row t predicts ids[t+1]
-    targets = torch.tensor(ids[1:], device=logp.device)
-    chosen = logp[torch.arange(len(ids) - 1, device=logp.device), targets].tolist()
-    top: list[list[tuple[int, float]]] = [[] for _ in chosen]
-    if top_n:
-        vals, alt = logp.topk(top_n, dim=-1)
-        top = [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
-    return TokenLogprobs(chosen, top)
+    """log p(ids[t] | ids[:t]) for t >= 1 and the top alternatives at each position. /score and the echoed
+    prompts of /v1/completions both read their logprobs here.
+
+    A sequence longer than the context is read in windows of the context length that advance by half
+    of it; each token is scored in the first window that gives it at least half a context before it
+    (all of its tokens, near the start), as training/evaluate.py's perplexity does."""
+    L = runner.facts.context_length
+    stride = max(1, L // 2)
+    logprobs: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    start = 0
+    while len(logprobs) < len(ids) - 1:
+        window = ids[start : start + L]
+        first = len(logprobs) + 1 - start  # the window's first target not scored yet
+        logp = torch.log_softmax(
+            runner.logits(window)[first - 1 : -1].float(), dim=-1
+        )  # row r predicts window[first + r]
+        targets = torch.tensor(window[first:], device=logp.device)
+        logprobs += logp[torch.arange(len(targets), device=logp.device), targets].tolist()
+        if top_n:
+            vals, alt = logp.topk(top_n, dim=-1)
+            top += [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
+        else:
+            top += [[] for _ in range(len(targets))]
+        start += stride
+    return TokenLogprobs(logprobs, top)
