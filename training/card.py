@@ -39,16 +39,17 @@ def eos_markdown(model: GPT, tokenizer: Tokenizer, prompt: str = "The castle was
 
 
 def rewrite_card(run: Path, folder: Path, note: str = "") -> dict:
-    """The run's card, with samples and EOS table of the exported weights (and a note, e.g. how it
-    compares with the model it replaces), into `folder` (manifest too)."""
+    """The run's card, with samples and EOS table of the exported weights (computed if the run has none)
+    and a note (e.g. how it compares with the model it replaces), into `folder` (manifest too)."""
     from model_store.store import load_gpt, write_manifest
     from training.report import write_gpt_card
 
     run_config = json.loads((run / "run_config.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
-    model, tokenizer = load_gpt(folder)
-    metrics["samples"] = samples_markdown(model, tokenizer)
-    metrics["eos"] = eos_markdown(model, tokenizer)
+    if not metrics.get("samples") or not metrics.get("eos"):  # a run from before cards had them
+        model, tokenizer = load_gpt(folder)
+        metrics["samples"] = samples_markdown(model, tokenizer)
+        metrics["eos"] = eos_markdown(model, tokenizer)
     card = write_gpt_card(cfg_dict=run_config["config"], metrics=metrics, command=run_config["command"])
     if note:
         card = card.replace("\n![loss curve]", f"\n## Notes\n\n{note.strip()}\n\n![loss curve]")
