@@ -57,9 +57,9 @@ def test_compiled_step_gives_the_eager_tokens(variant):
     try:
         want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
         compiled.generate(prompt, SamplingParams(max_new_tokens=1))  # allocates the static cache
-        compiler = BackgroundCompiler(compiled.decode, compiled.decode.compile_order(1), None, "test")
+        compiler = BackgroundCompiler(compiled.runner.step, compiled.runner.step.compile_order(1), None, "test")
         for bucket in compiler.buckets:  # (1, 64), (1, 128): build() checks logits within 1e-4
-            compiled.decode.compiled[bucket] = compiler.build(bucket)
+            compiled.runner.step.compiled[bucket] = compiler.build(bucket)
         with no_recompiles():  # the live inputs pass the guards of the graphs built on scratch ones
             got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
     finally:
