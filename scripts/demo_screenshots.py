@@ -16,7 +16,7 @@ from scripts.processes import http_server
 
 
 def shoot_attention(page, model: str, layer: int, head: int, text: str, hover_cell: int, path: Path) -> None:
-    """One head's heatmap on the attention tab, a cell hovered so that its weight shows."""
+    """A layer's grid of heads and one head enlarged, a cell hovered so that its weight shows."""
     page.select_option("#att-model", model)
     page.wait_for_function(f"document.querySelector('#att-layer option[value=\"{layer}\"]') !== null")
     page.select_option("#att-layer", str(layer))
@@ -26,7 +26,7 @@ def shoot_attention(page, model: str, layer: int, head: int, text: str, hover_ce
     page.wait_for_function(f"document.querySelector('#hover-info').textContent.startsWith('{model} ')")
     page.wait_for_selector("#heatmap .cell")
     page.hover(f"#heatmap .cell >> nth={hover_cell}")
-    page.screenshot(path=path)
+    page.screenshot(path=path, full_page=True)
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         page.fill("#seed", "11")
         page.click("#generate")
         page.wait_for_function("!['…', '–'].includes(document.querySelector('#finish-reason').textContent)")
-        page.screenshot(path=args.out / "demo-completion.png")
+        page.screenshot(path=args.out / "demo-completion.png", full_page=True)  # with the API panel
 
         page.click("button[data-tab=fillmask]")
         page.fill("#mask-text", "Mi <mask> vin.")
@@ -61,8 +61,14 @@ def main() -> None:
                         args.out / "demo-attention.png")  # fmt: skip
         shoot_attention(page, "esperberto-softmax1", 3, 0, "La suno brilas hodiaŭ super la granda urbo.", 12,
                         args.out / "demo-attention-esperberto.png")  # fmt: skip
+        page.click("button[data-tab=card]")
+        page.select_option("#card-model", "gpt-wikitext2")
+        page.wait_for_function(
+            "document.querySelector('#card-body img') && document.querySelector('#card-body img').complete"
+        )
+        page.screenshot(path=args.out / "demo-card.png")
         browser.close()
-    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto}}.png")
+    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto,card}}.png")
 
 
 if __name__ == "__main__":

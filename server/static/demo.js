@@ -1,41 +1,18 @@
-// The demo page: plain browser JavaScript against the public HTTP API (no build step, no CDN).
-"use strict";
+// The demo page: plain browser modules against the public HTTP API (no build step, no CDN).
 
-const $ = (id) => document.getElementById(id);
-let models = [];
+import { $, get, post, showError, token } from "./api.js";
+import { drawHeadGrid, drawHeatmap } from "./attention.js";
+import { showCard } from "./card.js";
+import { REQUESTS, defaultCompletionModel, served } from "./requests.js";
+import { applyState, linkFor, readState, stateOf } from "./share.js";
+import { snippets } from "./snippets.js";
+
 let generation = null; // AbortController of the running stream
+let layerView = null; // the last POST /attention answer: every head of one layer
+let defaultEosBias = 0; // GET /info's, for the InferenceClient snippet
+let linkOpened = false; // a shared link opens once the models load (after the token, on a protected server)
 
-// ---- talking to the API -----------------------------------------------------------------------
-
-function headers() {
-  const h = { "Content-Type": "application/json" };
-  const token = $("token").value.trim();
-  if (token) h.Authorization = `Bearer ${token}`;
-  return h;
-}
-
-/** The API's own message for a failed response: {"error": ...} (ours) or FastAPI's {"detail": ...}. */
-async function errorMessage(response) {
-  const text = await response.text();
-  try {
-    const body = JSON.parse(text);
-    if (body.error) return body.error;
-    if (body.detail) return typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
-  } catch (_) { /* not JSON */ }
-  return `HTTP ${response.status}: ${text.slice(0, 300)}`;
-}
-
-async function post(path, body) {
-  const response = await fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(body) });
-  if (!response.ok) throw new Error(await errorMessage(response));
-  return response;
-}
-
-function showError(message) {
-  const box = $("error");
-  box.textContent = message;
-  box.hidden = !message;
-}
+const currentTab = () => document.querySelector("nav .tab.active").dataset.tab;
 
 // ---- models and controls ----------------------------------------------------------------------
 
@@ -52,19 +29,22 @@ function describe(m) {
 }
 
 async function loadModels() {
-  const response = await fetch("/models", { headers: headers() });
-  if (!response.ok) throw new Error(await errorMessage(response));
-  models = (await response.json()).data;
+  served.models = (await (await get("/models")).json()).data;
   const fill = (select, list) => {
     select.replaceChildren(...list.map((m) => new Option(`${m.id} (${describe(m)})`, m.id)));
   };
-  fill($("gen-model"), models.filter((m) => m.kind === "gpt"));
-  fill($("att-model"), models);
+  fill($("gen-model"), served.models.filter((m) => m.kind === "gpt"));
+  fill($("att-model"), served.models);
+  fill($("card-model"), served.models);
   updateLayerHead();
+  try {
+    defaultEosBias = (await (await get("/info")).json()).default_eos_bias;
+  } catch (_) { /* the snippets then assume 0 */ }
+  updateApiPanel();
 }
 
 function updateLayerHead() {
-  const m = models.find((x) => x.id === $("att-model").value);
+  const m = served.models.find((x) => x.id === $("att-model").value);
   const range = (n) => Array.from({ length: n || 0 }, (_, i) => new Option(String(i), String(i)));
   $("att-layer").replaceChildren(...range(m && m.layers));
   const selfHeads = m && m.attention_settings && m.attention_settings.n_relational_head
@@ -86,28 +66,7 @@ function bindSliders() {
 
 // ---- completion (server-sent events from POST /generate_stream) -------------------------------
 
-function generationParameters() {
-  const num = (id) => Number($(id).value);
-  const temperature = num("temperature");
-  const p = {
-    model: $("gen-model").value || null,
-    max_new_tokens: num("max_new_tokens"),
-    do_sample: temperature > 0,
-    eos_bias: num("eos_bias"),
-  };
-  if (temperature > 0) {
-    p.temperature = temperature;
-    if (num("top_k") > 0) p.top_k = num("top_k");
-    if (num("top_p") < 1) p.top_p = num("top_p");
-  }
-  if (num("eos_bias_decay") < 1) p.eos_bias_decay = num("eos_bias_decay");
-  if ($("seed").value !== "") p.seed = num("seed");
-  return p;
-}
-
-async function generate(event) {
-  event.preventDefault();
-  showError("");
+async function generate() {
   const out = document.querySelector("#completion .generated");
   document.querySelector("#completion .prompt-echo").textContent = $("prompt").value;
   out.textContent = "";
@@ -120,13 +79,7 @@ async function generate(event) {
   const start = performance.now();
   let count = 0;
   try {
-    const response = await fetch("/generate_stream", {
-      method: "POST",
-      headers: headers(),
-      body: JSON.stringify({ inputs: $("prompt").value, parameters: generationParameters() }),
-      signal: generation.signal,
-    });
-    if (!response.ok) throw new Error(await errorMessage(response));
+    const response = await post("/generate_stream", REQUESTS.complete().body, generation.signal);
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -145,11 +98,10 @@ async function generate(event) {
         if (data.details) $("finish-reason").textContent = data.details.finish_reason;
       }
     }
-    const seconds = (performance.now() - start) / 1000;
-    $("gen-speed").textContent = `${(count / seconds).toFixed(1)} tokens/s`;
+    $("gen-speed").textContent = `${(count / ((performance.now() - start) / 1000)).toFixed(1)} tokens/s`;
   } catch (err) {
     if (err.name === "AbortError") $("finish-reason").textContent = "stopped";
-    else { $("finish-reason").textContent = "error"; showError(err.message); }
+    else { $("finish-reason").textContent = "error"; throw err; }
   } finally {
     generation = null;
     $("generate").disabled = false;
@@ -159,142 +111,197 @@ async function generate(event) {
 
 // ---- fill-mask: softmax0 and softmax1 side by side --------------------------------------------
 
-async function fillMask(event) {
-  event.preventDefault();
-  showError("");
+async function fillMask() {
   const target = $("fill-results");
   target.replaceChildren();
-  try {
-    const text = $("mask-text").value;
-    const variants = new Set(models.filter((m) => m.kind === "mlm").map((m) => m.attention));
-    const variant = variants.size > 1 ? "both" : [...variants][0] || "both"; // "both" when both are served
-    const body = { inputs: text, variant, top_k: Number($("mask-topk").value) };
-    const { results } = await (await post("/fill-mask", body)).json();
-    for (const [modelId, result] of Object.entries(results)) {
-      const model = models.find((m) => m.id === modelId);
-      const column = document.createElement("div");
-      column.className = "candidates";
-      column.dataset.model = modelId;
-      const title = document.createElement("h3");
-      title.textContent = `${modelId} (${model ? model.attention : "?"})`;
-      column.append(title);
-      const perMask = Array.isArray(result[0]) ? result : [result];
-      perMask.forEach((candidates, i) => {
-        if (perMask.length > 1) {
-          const h = document.createElement("h4");
-          h.textContent = `mask ${i + 1}`;
-          column.append(h);
-        }
-        const list = document.createElement("ol");
-        for (const c of candidates) {
-          const item = document.createElement("li");
-          const bar = document.createElement("span");
-          bar.className = "bar";
-          bar.style.width = `${Math.max(2, c.score * 100)}%`;
-          const label = document.createElement("span");
-          label.className = "label";
-          label.textContent = `${c.token_str.trim()}  ${(c.score * 100).toFixed(1)}%`;
-          label.title = c.sequence;
-          item.append(bar, label);
-          list.append(item);
-        }
-        column.append(list);
-      });
-      target.append(column);
-    }
-  } catch (err) {
-    showError(err.message);
-  }
-}
-
-// ---- attention heatmap ------------------------------------------------------------------------
-
-const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-
-function colour(w) {
-  const x = Math.min(1, Math.max(0, w)) * (VIRIDIS.length - 1);
-  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
-  const t = x - i;
-  const c = VIRIDIS[i].map((v, k) => Math.round(v + t * (VIRIDIS[i + 1][k] - v)));
-  return `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
-}
-
-function drawHeatmap(tokens, matrix) {
-  const grid = $("heatmap");
-  grid.style.gridTemplateColumns = `max-content repeat(${tokens.length}, 1.6rem)`;
-  const cells = [document.createElement("span")];
-  for (const t of tokens) {
-    const head = document.createElement("span");
-    head.className = "key";
-    head.textContent = t;
-    cells.push(head);
-  }
-  matrix.forEach((row, q) => {
-    const label = document.createElement("span");
-    label.className = "query";
-    const nothing = 1 - row.reduce((a, b) => a + b, 0);
-    label.textContent = tokens[q];
-    label.title = `attends to nothing: ${(nothing * 100).toFixed(1)}%`;
-    cells.push(label);
-    row.forEach((w, k) => {
-      const cell = document.createElement("span");
-      cell.className = "cell";
-      cell.style.background = colour(w);
-      cell.dataset.weight = w.toFixed(4);
-      const text = `${JSON.stringify(tokens[q])} → ${JSON.stringify(tokens[k])}: ${w.toFixed(4)}`;
-      cell.title = text;
-      cell.addEventListener("mouseenter", () => { $("hover-info").textContent = text; });
-      cells.push(cell);
+  const { results } = await (await post("/fill-mask", REQUESTS.fillmask().body)).json();
+  for (const [modelId, result] of Object.entries(results)) {
+    const model = served.models.find((m) => m.id === modelId);
+    const column = document.createElement("div");
+    column.className = "candidates";
+    column.dataset.model = modelId;
+    const title = document.createElement("h3");
+    title.textContent = `${modelId} (${model ? model.attention : "?"})`;
+    column.append(title);
+    const perMask = Array.isArray(result[0]) ? result : [result];
+    perMask.forEach((candidates, i) => {
+      if (perMask.length > 1) {
+        const h = document.createElement("h4");
+        h.textContent = `mask ${i + 1}`;
+        column.append(h);
+      }
+      const list = document.createElement("ol");
+      for (const c of candidates) {
+        const item = document.createElement("li");
+        const bar = document.createElement("span");
+        bar.className = "bar";
+        bar.style.width = `${Math.max(2, c.score * 100)}%`;
+        const label = document.createElement("span");
+        label.className = "label";
+        label.textContent = `${c.token_str.trim()}  ${(c.score * 100).toFixed(1)}%`;
+        label.title = c.sequence;
+        item.append(bar, label);
+        list.append(item);
+      }
+      column.append(list);
     });
-  });
-  grid.replaceChildren(...cells);
+    target.append(column);
+  }
 }
 
-async function showAttention(event) {
-  event.preventDefault();
-  showError("");
-  const body = {
-    model: $("att-model").value,
-    text: $("att-text").value,
-    layers: [Number($("att-layer").value)],
-    heads: [Number($("att-head").value)],
-  };
+// ---- attention: every head of a layer, one enlarged -------------------------------------------
+
+async function showAttention() {
+  const request = REQUESTS.attention();
+  $("png-link").hidden = true;
+  layerView = { ...(await (await post(request.path, request.body)).json()), text: request.body.text };
+  await pickHead(Number($("att-head").value));
+}
+
+async function pickHead(head) {
+  const data = layerView;
+  $("att-head").value = String(head);
+  drawHeadGrid($("head-grid"), data, head, (h) => pickHead(h).catch((err) => showError(err.message)));
+  const layer = data.layers[0];
+  drawHeatmap($("heatmap"), $("hover-info"), data.tokens, data.attention[0][0][head]);
+  $("hover-info").textContent = `${data.model} (${data.attention_variant}), layer ${layer} head ${head}:`
+    + ` mean row sum ${data.row_sums[0][head].toFixed(3)}. Hover a cell or a token.`;
   const link = $("png-link");
+  const body = { model: data.model, text: $("att-text").value, layers: [layer], heads: [head], format: "png" };
+  const png = await (await post("/attention", body)).blob();
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.href = URL.createObjectURL(png);
+  link.hidden = false;
+}
+
+// ---- tabs, the API panel, sharing, examples ---------------------------------------------------
+
+const RUN = { complete: generate, fillmask: fillMask, attention: showAttention, card: () => showCard($("card-body"), $("card-model").value) };
+
+/** Run a tab's request; the URL then holds its inputs, ready to share. */
+async function run(tab) {
+  showError("");
+  history.replaceState(null, "", `#${stateOf(tab)}`);
   try {
-    const data = await (await post("/attention", body)).json();
-    drawHeatmap(data.tokens, data.attention[0][0][0]);
-    const sum = data.row_sums[0][0];
-    $("hover-info").textContent = `${data.model} (${data.attention_variant}), layer ${body.layers[0]} head ${body.heads[0]}:`
-      + ` mean row sum ${sum.toFixed(3)}. Hover a cell to see the weight.`;
-    const png = await (await post("/attention", { ...body, format: "png" })).blob();
-    if (link.href) URL.revokeObjectURL(link.href);
-    link.href = URL.createObjectURL(png);
-    link.hidden = false;
+    await RUN[tab]();
   } catch (err) {
-    link.hidden = true;
+    if (tab === "attention") $("png-link").hidden = true;
     showError(err.message);
   }
 }
 
-// ---- wiring -----------------------------------------------------------------------------------
-
-function selectTab(name) {
-  for (const b of document.querySelectorAll("nav .tab")) b.classList.toggle("active", b.dataset.tab === name);
+function selectTab(name, showCardNow = true) {
+  const modelOf = { complete: "gen-model", attention: "att-model" };
+  if (name === "card" && modelOf[currentTab()]) $("card-model").value = $(modelOf[currentTab()]).value;
+  for (const b of document.querySelectorAll("nav .tab")) {
+    b.classList.toggle("active", b.dataset.tab === name);
+    b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  }
   for (const p of document.querySelectorAll(".panel")) p.classList.toggle("active", p.id === name);
+  updateApiPanel();
+  if (name === "card" && showCardNow) run("card");
+}
+
+function updateApiPanel() {
+  const tab = currentTab();
+  const ctx = { origin: location.origin, auth: Boolean(token()), defaultModel: defaultCompletionModel(), defaultEosBias };
+  const blocks = snippets(tab, REQUESTS[tab](), ctx).map(({ kind, label, text }) => {
+    const block = document.createElement("div");
+    block.className = "snippet";
+    block.dataset.kind = kind;
+    const head = document.createElement("div");
+    head.className = "snippet-head";
+    const title = document.createElement("span");
+    title.textContent = label;
+    const copy = document.createElement("button");
+    copy.type = "button";
+    copy.className = "copy";
+    copy.textContent = "Copy";
+    copy.setAttribute("aria-label", `Copy the ${label} snippet`);
+    copy.addEventListener("click", () => copyText(text, copy));
+    const pre = document.createElement("pre");
+    pre.textContent = text;
+    head.append(title, copy);
+    block.append(head, pre);
+    return block;
+  });
+  $("snippets").replaceChildren(...blocks);
+}
+
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = "Copied";
+  } catch (_) { // no clipboard outside a secure context: the text stays selectable on the page
+    button.textContent = "Select and copy";
+  }
+  setTimeout(() => { button.textContent = button.classList.contains("share") ? "Share" : "Copy"; }, 1500);
+}
+
+async function loadExamples() {
+  const examples = await (await fetch("/static/examples.json")).json();
+  for (const [tab, list] of Object.entries(examples)) {
+    const box = $(`examples-${tab}`);
+    if (!box) continue;
+    box.replaceChildren(...list.map((ex) => {
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "example";
+      button.textContent = ex.title;
+      button.addEventListener("click", () => openState(readState(ex.link), true));
+      const output = document.createElement("span");
+      output.className = "example-output";
+      output.textContent = ex.output;
+      item.append(button, output);
+      return item;
+    }));
+  }
+}
+
+/** Restore a shared state; run it when asked, or when it reproduces (a seeded completion, any other tab). */
+function openState(state, force = false) {
+  if (!state) return;
+  selectTab(state.tab, false);
+  applyState(state, (tab) => { if (tab === "attention") updateLayerHead(); });
+  updateApiPanel();
+  if (force || state.tab !== "complete" || state.values.seed !== undefined) run(state.tab);
+}
+
+function openLink() {
+  if (linkOpened) return;
+  linkOpened = true;
+  openState(readState(location.hash));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("token").value = sessionStorage.getItem("tinyserve-token") || "";
   $("token").addEventListener("change", () => {
     sessionStorage.setItem("tinyserve-token", $("token").value);
-    loadModels().then(() => showError(""), (err) => showError(err.message));
+    loadModels().then(() => { showError(""); openLink(); }, (err) => showError(err.message));
   });
   for (const b of document.querySelectorAll("nav .tab")) b.addEventListener("click", () => selectTab(b.dataset.tab));
   bindSliders();
-  $("complete-form").addEventListener("submit", generate);
+  for (const [tab, form] of [["complete", "complete-form"], ["fillmask", "fillmask-form"], ["attention", "attention-form"], ["card", "card-form"]]) {
+    $(form).addEventListener("submit", (event) => { event.preventDefault(); run(tab); });
+    $(form).addEventListener("input", updateApiPanel);
+    $(form).addEventListener("change", updateApiPanel);
+  }
   $("stop").addEventListener("click", () => generation && generation.abort());
-  $("fillmask-form").addEventListener("submit", fillMask);
-  $("attention-form").addEventListener("submit", showAttention);
   $("att-model").addEventListener("change", updateLayerHead);
-  loadModels().catch((err) => showError(err.message));
+  $("att-head").addEventListener("change", () => { // the layer on screen: enlarge another of its heads
+    const shown = layerView && layerView.model === $("att-model").value && layerView.text === $("att-text").value
+      && String(layerView.layers[0]) === $("att-layer").value;
+    if (shown) pickHead(Number($("att-head").value)).catch((err) => showError(err.message));
+  });
+  $("card-model").addEventListener("change", () => run("card"));
+  $("share").addEventListener("click", () => {
+    const link = linkFor(currentTab());
+    $("share-link").value = link;
+    $("share-box").hidden = false;
+    history.replaceState(null, "", link);
+    copyText(link, $("share"));
+  });
+  loadExamples().catch((err) => showError(`examples: ${err.message}`));
+  loadModels().then(openLink, (err) => showError(err.message));
 });

@@ -1,0 +1,59 @@
+// What each tab sends: one request object per tab, read from its form. The page sends it, the API panel
+// prints it as curl / Python / cog, and a shared link carries the form fields it is made from.
+
+import { $ } from "./api.js";
+
+export const served = { models: [] }; // GET /models' data, once loaded
+
+/** Each tab's inputs: the key in a shared link -> the form element's id. */
+export const FIELDS = {
+  complete: {
+    model: "gen-model", prompt: "prompt", temperature: "temperature", top_k: "top_k", top_p: "top_p",
+    max_new_tokens: "max_new_tokens", eos_bias: "eos_bias", eos_bias_decay: "eos_bias_decay", seed: "seed",
+  },
+  fillmask: { text: "mask-text", top_k: "mask-topk" },
+  attention: { model: "att-model", layer: "att-layer", head: "att-head", text: "att-text" },
+  card: { model: "card-model" },
+};
+
+const num = (id) => Number($(id).value);
+
+/** POST /generate's body (TGI format); the page streams the same body from /generate_stream. */
+export function completionRequest() {
+  const temperature = num("temperature");
+  const p = { model: $("gen-model").value, max_new_tokens: num("max_new_tokens"), do_sample: temperature > 0 };
+  if (temperature > 0) {
+    p.temperature = temperature;
+    if (num("top_k") > 0) p.top_k = num("top_k");
+    if (num("top_p") < 1) p.top_p = num("top_p");
+  }
+  p.eos_bias = num("eos_bias");
+  if (num("eos_bias_decay") < 1) p.eos_bias_decay = num("eos_bias_decay");
+  if ($("seed").value !== "") p.seed = num("seed");
+  return { path: "/generate", body: { inputs: $("prompt").value, parameters: p } };
+}
+
+/** POST /fill-mask: both EsperBERTo variants side by side when both are served. */
+export function fillMaskRequest() {
+  const variants = new Set(served.models.filter((m) => m.kind === "mlm").map((m) => m.attention));
+  const variant = variants.size > 1 ? "both" : [...variants][0] || "both";
+  return { path: "/fill-mask", body: { inputs: $("mask-text").value, variant, top_k: num("mask-topk") } };
+}
+
+/** POST /attention: every head of the selected layer (the grid); the head selector picks the big one. */
+export function attentionRequest() {
+  return { path: "/attention", body: { model: $("att-model").value, text: $("att-text").value, layers: [num("att-layer")] } };
+}
+
+/** GET /models/{id}: the selected model's summary, configuration and card. */
+export function cardRequest() {
+  return { path: `/models/${encodeURIComponent($("card-model").value)}`, body: null };
+}
+
+export const REQUESTS = { complete: completionRequest, fillmask: fillMaskRequest, attention: attentionRequest, card: cardRequest };
+
+/** The first completion model: what POST / and /generate use when a request names none. */
+export function defaultCompletionModel() {
+  const m = served.models.find((x) => x.kind === "gpt");
+  return m ? m.id : null;
+}
