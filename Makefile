@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The history of the city begins
 
-.PHONY: install serve complete test browser reliability clean
+.PHONY: install serve complete test browser reliability image-test clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ browser:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 	  { echo "make test needs Debian's chromium for the browser tests: apt-get install chromium" >&2; exit 1; }
+
+# The server image's CPU variant, built with podman on a debootstrapped Debian base (no Docker engine
+# needed) and served from inside: /health, a completion, a fill-mask (README, "Docker").
+image-test: install
+	$(PY) -m scripts.image_test
 
 # The long reliability runs (docs/RELIABILITY.md): >= 1,000 fuzz cases, then 64 clients of mixed load.
 reliability: install

@@ -41,9 +41,19 @@ def test_cog_yaml_builds_the_predictor_on_the_same_requirements():
 
 def test_dockerfile_installs_the_requirements_and_copies_what_the_server_imports():
     text = (REPO / "Dockerfile").read_text()
-    assert "pip install --no-cache-dir -r requirements.txt" in text
-    for package in ("training/", "model_store/", "server/"):
-        assert f"COPY --chown=tinyserve:tinyserve {package} {package}" in text
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+-runtime-ubuntu22\.04$", text, re.M)  # GPU by default
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert "-c constraints.txt -r requirements.txt" in text and "COPY requirements.txt constraints.txt ./" in text
+    copied = set(re.findall(r"^COPY --chown=tinyserve:tinyserve (\S+)/ \1/$", text, re.M))
+    assert copied == {"models", "model_store", "server"}
+    # and those are all that `python -m server` imports of the project (no training/, scripts/)
+    probe = (
+        "import sys; from server.__main__ import parse_settings; from server.app import create_app; "
+        "create_app(parse_settings([]));"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in {'training', 'scripts', 'bench'}}))"
+    )
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout + imported.stderr
     assert re.search(r"^USER 10001$", text, re.M) and "HEALTHCHECK" in text and "/health" in text
     assert "EXPOSE 8000" in text
     # the image runs the server's own entry point (its drain limit outlasts the stream grace), on port 8000
