@@ -4,8 +4,7 @@
 
 One step of the shipped GPT over a static KV cache (rows x 128 key columns, the serving engine's
 shapes; server/decode_step.py), 64 steps timed three times, median per step. Candidates: the eager
-step over the growing dynamic cache (the engine before the static cache), the eager static step,
-torch.compile (inductor; + cpp_wrapper, + freezing, max-autotune-no-cudagraphs), and AOTInductor
+static step, torch.compile (inductor; + cpp_wrapper, + freezing, max-autotune-no-cudagraphs), and AOTInductor
 packages (torch.export + aoti_compile_and_package, with and without freezing). "floor" is the
 step's matrix products alone. Each candidate's logits are compared with the eager step's.
 """
@@ -26,15 +25,13 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from model_store import STORE_ROOT, KVCache, load_gpt  # noqa: E402
-from models.kv_cache import StaticKVCache  # noqa: E402
+from model_store import STORE_ROOT, load_gpt  # noqa: E402
 from server.decode_step import eager_step  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 COLUMNS, STEPS = 128, 64
 CANDIDATES = [
     "floor",
-    "eager + dynamic cache",
     "eager",
     "compile",
     "compile + cpp_wrapper",
@@ -86,16 +83,11 @@ def measure_one(model_id: str, candidate: str, dtype: str, rows: int) -> dict:
         with torch.no_grad():
             return {"ms": timed(lambda i: chain()), "build_s": 0.0, "diff": 0.0}
     with torch.no_grad():  # not inference_mode: AOTInductor mutates the cache outside it
-        dynamic = KVCache(c.n_layer)
-        model(ids, kv_cache=dynamic)
-        static = StaticKVCache.like(dynamic, rows, c.context_length)
-        for r in range(rows):
-            static.write(r, dynamic, r, 0)
+        static = model.new_cache(rows)
+        model(ids, input_pos=torch.arange(T).expand(rows, T), cache=static)  # the prompt in every slot
         cache = static.view(rows, COLUMNS).tensors()
         tokens, positions = torch.full((rows, 1), 5), torch.full((rows, 1), T)
         step = eager_step(model, c.n_layer)
-        if candidate == "eager + dynamic cache":
-            return {"ms": timed(lambda i: model(tokens, kv_cache=dynamic)), "build_s": 0.0, "diff": 0.0}
         t = time.perf_counter()
         fn = build(candidate, step, (tokens, positions, *cache))
         expected = step(tokens, positions, *[x.clone() for x in cache]).float()

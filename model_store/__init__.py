@@ -16,12 +16,10 @@ from model_store.store import (
     write_checkpoint,
 )
 from models.gpt import GPT, GPTConfig
-from models.kv_cache import KVCache
 
 __all__ = [
     "GPT",
     "GPTConfig",
-    "KVCache",
     "STORE_ROOT",
     "CheckpointError",
     "CheckpointInfo",

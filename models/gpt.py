@@ -3,8 +3,12 @@
 Written out nanoGPT-style: token embedding scaled by sqrt(d_model), positions (rotary on queries and
 keys in the shipped model; an added sinusoidal or learned table as options), pre-LayerNorm blocks of
 multi-head causal self-attention (heads concatenated, then projected) and a GELU MLP, and an
-(optionally tied) language-model head. The forward pass takes a KV cache for incremental decoding
-and can return every layer's attention weights. The configuration is models/config.py.
+(optionally tied) language-model head. The configuration is models/config.py.
+
+One forward path, as in gpt-fast: `forward(idx)` runs causal attention over the tokens given (training,
+scoring, attention maps); `forward(idx, input_pos=...)` also writes their keys and values into a
+static KV cache at those positions and attends over it (prompts, then one token per step). The model
+owns its cache (`setup_cache`); a compiled step may pass its own views of it instead.
 
 The attention variants of the experiments (docs/experiments/) are options of this one file: score
 function (dot product or additive), shared Q/K or Q/K/V projections, masking (-inf before the
@@ -27,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.config import GPTConfig
-from models.kv_cache import KVCache, StaticKVCache
+from models.kv_cache import StaticKVCache
 from models.positions import rope, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
@@ -73,14 +77,18 @@ class CausalSelfAttention(nn.Module):
         self.use_rope = config.positions == "rope"
         self.fused = config.softmax == "softmax0" and config.score == "dot" and config.masking == "causal"
 
+    def cache_shapes(self) -> list[tuple[int, int]]:
+        """(heads, head width) of each tensor this layer keeps per token: keys, values (and relational ones)."""
+        own = [(self.n_head, self.head_dim)] * 2
+        return own + (self.relational.cache_shapes() if self.relational is not None else [])
+
     def forward(
         self,
         x: torch.Tensor,  # (B, T, C)
-        mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal (T == S) or T == 1
-        key_padding: torch.Tensor | None,  # (B, 1, 1, S) bool, True = a real token; None = no padding
-        positions: torch.Tensor,  # (B, T) position ids of the new tokens
+        mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal over the T tokens
+        positions: torch.Tensor,  # (B, T) positions of the tokens
         layer: int,
-        kv_cache: KVCache | StaticKVCache | None,
+        kv_cache: StaticKVCache | None,
         return_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
@@ -111,29 +119,29 @@ class CausalSelfAttention(nn.Module):
                 scores = self.additive(q, k)  # (B, H, T, S)
             else:
                 scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
-            weights = self._weights(scores, mask, key_padding)
+            weights = self._weights(scores, mask)
             y = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, D)
         if self.relational is not None:
-            normalise = partial(self._weights, mask=mask, key_padding=key_padding)
-            query_columns = positions if isinstance(kv_cache, StaticKVCache) else None  # column = position
+            normalise = partial(self._weights, mask=mask)
+            query_columns = positions if kv_cache is not None else None  # column = position
             y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p, query_columns)
             y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
 
-    def _weights(self, scores: torch.Tensor, mask: torch.Tensor | None, key_padding: torch.Tensor | None):
+    def _weights(self, scores: torch.Tensor, mask: torch.Tensor | None):
         """(B, H, T, S) scores -> attention weights under the configured masking."""
         T, S = scores.shape[-2:]
-        if mask is None:  # causal over T == S keys, or one query that sees them all
+        if mask is None:  # causal over the T == S tokens given
             mask = torch.ones(T, S, dtype=torch.bool, device=scores.device).tril(S - T)
         if self.masking == "causal":
             return self.softmax(scores.masked_fill(~mask, float("-inf")), -1)  # -inf *before* the normaliser
         # "zero_after", the naive mask: normalise over every key, future ones included, then zero the
         # future weights. Their scores already shaped the denominator, so the future leaks into the
-        # present: training loss looks great, generation (which has no future) is garbage.
-        if key_padding is not None:
-            scores = scores.masked_fill(~key_padding, float("-inf"))
+        # present: training loss looks great, generation (which has no future) is garbage. Over a
+        # cache, the keys that exist are those up to the last query (the rest are not written yet).
+        scores = scores.masked_fill(~mask[..., -1:, :], float("-inf"))
         return self.softmax(scores, -1) * mask
 
 
@@ -158,8 +166,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask, key_padding, positions, layer, kv_cache, return_attention):
-        a, weights = self.attn(self.ln_1(x), mask, key_padding, positions, layer, kv_cache, return_attention)
+    def forward(self, x, mask, positions, layer, kv_cache, return_attention):
+        a, weights = self.attn(self.ln_1(x), mask, positions, layer, kv_cache, return_attention)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -183,6 +191,7 @@ class GPT(nn.Module):
             table = sinusoidal_encoding(torch.arange(config.context_length).unsqueeze(0), config.d_model)[0]
             self.register_buffer("pe_table", table, persistent=False)  # (context_length, C)
         self.drop = nn.Dropout(config.dropout)
+        self.cache: StaticKVCache | None = None  # setup_cache(rows) allocates it
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -203,43 +212,39 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def new_cache(self, rows: int) -> StaticKVCache:
+        """A KV cache of `rows` slots of context_length positions, in the weights' dtype and device."""
+        p = next(self.parameters())
+        shapes = [block.attn.cache_shapes() for block in self.blocks]
+        return StaticKVCache.empty(shapes, rows, self.config.context_length, p.dtype, p.device)
+
+    def setup_cache(self, rows: int) -> StaticKVCache:
+        """Allocate the model's own KV cache, which forward(idx, input_pos=...) uses by default."""
+        self.cache = self.new_cache(rows)
+        return self.cache
+
     def forward(
         self,
         idx: torch.Tensor,  # (B, T) token ids
         targets: torch.Tensor | None = None,  # (B, T), -100 = ignore
         *,
-        attention_mask: torch.Tensor | None = None,  # (B, S) 1 = real token, 0 = padding
-        position_ids: torch.Tensor | None = None,  # (B, T), each < S; default: cache length + 0..T-1
-        kv_cache: KVCache | StaticKVCache | None = None,
+        input_pos: torch.Tensor | None = None,  # (B, T) positions: write to the cache and attend over it
+        cache: StaticKVCache | None = None,  # default: the model's own (setup_cache)
         return_attention: bool = False,
     ) -> GPTOutput:
         B, T = idx.shape
-        if isinstance(kv_cache, StaticKVCache):  # fixed shapes for a compiled step: position_ids required
-            mask = kv_cache.visible(position_ids)  # (B, 1, T, context)
-            return self._blocks(
-                idx, position_ids, kv_cache.context, mask, mask[:, :, -1:], kv_cache, return_attention, targets
-            )
-        past = kv_cache.length if kv_cache is not None else 0
-        S = past + T
-        if position_ids is None:
-            position_ids = torch.arange(past, S, device=idx.device).expand(B, T)
+        if input_pos is None:  # the tokens alone, at positions 0..T-1, causal
+            positions = torch.arange(T, device=idx.device).expand(B, T)
+            return self._blocks(idx, positions, None, None, return_attention, targets)
+        cache = cache if cache is not None else self.cache
+        mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
+        return self._blocks(idx, input_pos, mask, cache, return_attention, targets)
 
-        # key j is visible to query i iff j <= i (causal) and j is not padding; a query always sees
-        # itself, so no row is empty (padding rows compute garbage that nobody reads).
-        # None lets the fused attention kernel take its fastest path: plain causal when T == S, and
-        # no mask at all for one new token after an unpadded cache (it may see every key).
-        mask, key_padding = None, None
-        if (past and T > 1) or attention_mask is not None:
-            mask = self._attention_mask(B, T, past, attention_mask, idx.device)
-        if attention_mask is not None:
-            key_padding = attention_mask.bool().view(B, 1, 1, S)
-        return self._blocks(idx, position_ids, S, mask, key_padding, kv_cache, return_attention, targets)
-
-    def _blocks(self, idx, position_ids, S, mask, key_padding, kv_cache, return_attention, targets) -> GPTOutput:
-        """Embeddings, the blocks, the LM head (and the loss when targets are given); S keys per query."""
+    def _blocks(self, idx, position_ids, mask, kv_cache, return_attention, targets) -> GPTOutput:
+        """Embeddings, the blocks, the LM head (and the loss when targets are given)."""
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
         if self.config.positions == "sinusoidal":
-            if S <= self.pe_table.shape[0]:
+            if kv_cache is not None or idx.shape[1] <= self.pe_table.shape[0]:  # cached positions < context
                 x = x + self.pe_table[position_ids].to(x.dtype)
             else:  # past the training context: computed on the fly
                 x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
@@ -248,7 +253,7 @@ class GPT(nn.Module):
         x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, key_padding, position_ids, layer, kv_cache, return_attention)
+            x, weights = block(x, mask, position_ids, layer, kv_cache, return_attention)
             if attentions is not None:
                 attentions.append(weights)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
@@ -257,19 +262,6 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         return GPTOutput(logits=logits, loss=loss, attentions=attentions)
-
-    @staticmethod
-    def _attention_mask(B: int, T: int, past: int, attention_mask: torch.Tensor | None, device) -> torch.Tensor:
-        """(B, 1, T, S) bool: causal, minus padded keys, plus each query's own position."""
-        S = past + T
-        q_pos = torch.arange(past, S, device=device).view(T, 1)
-        k_pos = torch.arange(S, device=device).view(1, S)
-        mask = (k_pos <= q_pos).view(1, 1, T, S).expand(B, 1, T, S)
-        if attention_mask is not None:
-            if attention_mask.shape != (B, S):
-                raise ValueError(f"attention_mask must be (B, S)=({B}, {S}), got {tuple(attention_mask.shape)}")
-            mask = (mask & attention_mask.bool().view(B, 1, 1, S)) | (k_pos == q_pos).view(1, 1, T, S)
-        return mask
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, params: SamplingParams) -> torch.Tensor:  # (1, T) -> (1, N)
@@ -282,15 +274,16 @@ class GPT(nn.Module):
         idx = idx[:, -self.config.context_length :]
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         state = SequenceState(params, idx[0].tolist(), 0, generator)
-        cache = KVCache(self.config.n_layer)
-        logits = self(idx, kv_cache=cache).logits[:, -1]  # (1, V)
+        T = idx.shape[1]
+        cache = self.new_cache(1)  # its own: the model's (a server's slots) stays as it is
+        logits = self(idx, input_pos=torch.arange(T, device=idx.device).view(1, T), cache=cache).logits[:, -1]  # (1, V)
         out: list[int] = []
-        for _ in range(min(params.max_new_tokens, self.config.context_length - idx.shape[1])):
+        for pos in range(T, T + min(params.max_new_tokens, self.config.context_length - T)):
             token = sample(logits, [state], self.config.eos_token_id)[0].token
             if token == self.config.eos_token_id:
                 break
             out.append(token)
             state.seen.append(token)
             state.generated += 1
-            logits = self(idx.new_tensor([[token]]), kv_cache=cache).logits[:, -1]
+            logits = self(idx.new_tensor([[token]]), input_pos=idx.new_tensor([[pos]]), cache=cache).logits[:, -1]
         return idx.new_tensor([out])

@@ -45,6 +45,11 @@ class RelationalAttention(nn.Module):
             self.symbol_values = nn.Parameter(torch.randn(config.n_symbols, C) * 0.02)
             self.w_s = nn.Linear(C, H * D, bias=False)
 
+    def cache_shapes(self) -> list[tuple[int, int]]:
+        """(heads, head width) of what project() returns for the cache: keys, relation keys[, symbols]."""
+        shapes = [(self.n_head, self.head_dim), (self.n_relations, self.head_dim)]
+        return shapes + ([(self.n_head, self.head_dim)] if self.symbol_type == "symbolic_attention" else [])
+
     def project(self, x: torch.Tensor, positions: torch.Tensor, use_rope: bool):
         """(B, T, C) -> queries (q, q_rel) and what the cache keeps (k, k_rel[, symbols])."""
         B, T, C = x.shape

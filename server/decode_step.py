@@ -1,12 +1,14 @@
 """One decode step of the GPT over a static KV cache: eager, or compiled per batch-size bucket.
 
-The engine's running rows own slots 0..n-1 of a `StaticKVCache`. A step over n rows whose longest
+The engine's running rows own slots 0..n-1 of the model's `StaticKVCache`. A step over n rows whose longest
 has p tokens runs on the smallest bucket (b rows, S key columns) that holds them: b in 1, 2, 4, ...
 max rows (padding rows included), S in 64, 128, ... context (reading all `context` columns of every
 row cost as much as the matrix products at 32 rows). Each bucket has fixed shapes: its inputs are
 preallocated tensors written in place, which is what a compiled graph (and on CUDA, a captured
 graph) needs. Until a bucket's compiled step is ready (server/compiled.py builds them off the
-request path), the same step runs eagerly.
+request path), the same step runs eagerly. The step takes the bucket's cache views as arguments
+rather than reading the model's cache attribute: a compiler freezing the weights must see the cache
+as inputs it mutates, not as constants.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from model_store import GPT, KVCache
+from model_store import GPT
 from models.kv_cache import StaticKVCache
 
 # (tokens (b, 1), positions (b, 1), *cache tensors) -> logits (b, vocab); mutates the cache tensors
@@ -34,10 +36,9 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
     """The decode step as a plain function of tensors (the form every compiler takes)."""
 
     def step(tokens: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
-        per_layer = len(cache) // n_layer
-        static = StaticKVCache([list(cache[i * per_layer : (i + 1) * per_layer]) for i in range(n_layer)])
+        static = StaticKVCache.from_tensors(cache, n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        return model.forward(tokens, position_ids=positions, kv_cache=static).logits[:, -1]  # (b, vocab)
+        return model.forward(tokens, input_pos=positions, cache=static).logits[:, -1]  # (b, vocab)
 
     return step
 
@@ -50,7 +51,8 @@ class DecodeStep:
         self.column_buckets = buckets(model.config.context_length, smallest=64)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.cache: StaticKVCache | None = None  # allocated at the first prefill (its shapes come from it)
+        with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
+            self.cache = model.setup_cache(max_rows)
         self.eager = eager_step(model, model.config.n_layer)
         self.compiled: dict[tuple[int, int], StepFn] = {}  # (rows, columns) -> compiled step, added when ready
         self._inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]] = {}
@@ -58,12 +60,6 @@ class DecodeStep:
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
         """The smallest (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
         return next(b for b in self.row_buckets if b >= rows), next(s for s in self.column_buckets if s >= longest)
-
-    def write(self, slot: int, cache: KVCache, row: int, start: int) -> None:
-        """A prefilled row (columns start.. of a right-aligned dynamic cache) into a slot."""
-        if self.cache is None:
-            self.cache = StaticKVCache.like(cache, self.max_rows, self.model.config.context_length)
-        self.cache.write(slot, cache, row, start)
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)

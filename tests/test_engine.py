@@ -204,7 +204,7 @@ def test_incremental_detokenisation_is_exact_across_split_characters(engine):
 
 
 def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokenizer):
-    """Prompts of different lengths admitted at once share left-padded prefill passes, grouped under
+    """Prompts of different lengths admitted at once share right-padded prefill passes, grouped under
     max_prefill_tokens, and every output equals the request's output when it runs alone."""
     model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=64)
     texts = ["River", "The castle was built in", "A short one", "The museum was opened in 1850 , by workers"]

@@ -22,7 +22,7 @@ def test_render_escapes_html_blocks_javascript_links_and_points_images_at_the_ro
     assert "<h1>A model</h1>" in html
     assert '<img src="/models/m/card/loss_curve.png" alt="curve"' in html
     assert '<img src="../other/loss_curve.png"' in html  # not ours: left as written (the page drops it)
-    assert "<img src=\"x\"" not in html and "&lt;img" in html  # raw HTML shown as text
+    assert '<img src="x"' not in html and "&lt;img" in html  # raw HTML shown as text
     assert 'href="javascript:' not in html and '<a href="https://example.com">docs</a>' in html
 
 

@@ -8,7 +8,6 @@ import torch
 
 from model_store.store import load_gpt, write_checkpoint
 from models.gpt import AdditiveScore
-from models.kv_cache import KVCache
 from models.positions import rope
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
@@ -18,6 +17,11 @@ from tests.conftest import tiny_gpt
 from training.variants import VARIANTS
 
 CAUSAL = {name: v for name, v in VARIANTS.items() if v.get("masking") != "zero_after"}
+
+
+def at(t: int, rows: int) -> torch.Tensor:
+    """(rows, 1) positions: one new token at position t in every row."""
+    return torch.full((rows, 1), t)
 
 
 def variant_gpt(name: str, **overrides):
@@ -44,8 +48,8 @@ def test_zero_after_masking_leaks_the_future():
     y[:, 12:] = torch.randint(1, 97, (2, 8))
     with torch.no_grad():
         a, b = model(x).logits, model(y).logits
-        cache = KVCache(model.config.n_layer)
-        stepwise = torch.cat([model(x[:, t : t + 1], kv_cache=cache).logits for t in range(20)], dim=1)
+        cache = model.new_cache(2)
+        stepwise = torch.cat([model(x[:, t : t + 1], input_pos=at(t, 2), cache=cache).logits for t in range(20)], 1)
     assert not torch.allclose(a[:, :12], b[:, :12])
     # decoding one token at a time has no future to leak: it disagrees with the full (leaky) pass
     assert not torch.allclose(stepwise[:, :-1], a[:, :-1], atol=1e-4)
@@ -58,26 +62,32 @@ def test_kv_cache_equals_full_recompute(name):
     x = torch.randint(1, 97, (3, 30))
     with torch.no_grad():
         full = model(x).logits
-        cache = KVCache(model.config.n_layer)
-        steps = [model(x[:, :5], kv_cache=cache).logits]
+        cache = model.new_cache(3)
+        steps = [model(x[:, :5], input_pos=torch.arange(5).expand(3, 5), cache=cache).logits]
         for t in range(5, 30):
-            steps.append(model(x[:, t : t + 1], kv_cache=cache).logits)
+            steps.append(model(x[:, t : t + 1], input_pos=at(t, 3), cache=cache).logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", CAUSAL)
-def test_left_padding_gives_the_same_logits_for_real_tokens(name):
-    """What the batching engine relies on: padded rows see only their own tokens, at their own positions."""
+def test_right_padding_gives_the_same_logits_for_real_tokens(name):
+    """What the batching engine relies on: padded rows see only their own tokens, at their own positions,
+    and a row's padding in the cache is never read: its decode steps overwrite it."""
     model = variant_gpt(name)
     x = torch.randint(1, 97, (1, 9))
     pad = 4
-    padded = torch.cat([torch.zeros(1, pad, dtype=torch.long), x], dim=1)
-    mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 9)], dim=1).long()
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    padded = torch.cat([x[:, :5], torch.zeros(1, pad, dtype=torch.long)], dim=1)  # a 5-token prompt, padded to 9
     with torch.no_grad():
         ref = model(x).logits
-        out = model(padded, attention_mask=mask, position_ids=positions).logits[:, pad:]
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+        cache = model.new_cache(2)
+        both = torch.cat([x, padded])  # two prompts, 9 and 5 tokens, in one pass
+        out = model(both, input_pos=torch.arange(9).expand(2, 9), cache=cache).logits
+        steps = [
+            model(x[:, t : t + 1], input_pos=at(t, 1), cache=cache.view(1, 64, start=1)).logits for t in range(5, 9)
+        ]
+    torch.testing.assert_close(out[:1], ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out[1:, :5], ref[:, :5], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(steps, 1), ref[:, 5:], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -108,7 +118,7 @@ def test_save_load_round_trip_keeps_the_variant(name, tmp_path, tiny_tokenizer):
 
 @pytest.mark.parametrize("name", ["rope", "dual-relative", "dual-symbolic"])
 def test_engine_batching_matches_running_alone(name, tiny_tokenizer):
-    """Continuous batching (left padding, cache concat/select/trim) with the variants' extra cache tensors."""
+    """Continuous batching (right-padded prefill into slots, slot moves) with the variants' extra cache tensors."""
     model = variant_gpt(name, vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer))
     engine = GenerationEngine(GPTRunner(model, tiny_tokenizer, 4), max_batch_size=4, max_queue=8)
     greedy = SamplingParams(max_new_tokens=12, temperature=0, eos_bias=float("-inf"))

@@ -30,7 +30,6 @@ from tokenizers import Tokenizer
 
 from model_store.store import load_gpt  # the store owns the checkpoint format
 from models.gpt import GPT, GPTConfig
-from models.kv_cache import KVCache
 from models.options import option
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
@@ -110,9 +109,10 @@ def leak_free_loss(model: GPT, stream: torch.Tensor, n_tokens: int) -> float:
     model.eval()
     nll, n = 0.0, 0
     for window in windows(stream, n_tokens, model.config.context_length):
-        cache = KVCache(model.config.n_layer)
+        cache = model.new_cache(1)
         for t in range(len(window) - 1):
-            logits = model(window[t : t + 1].view(1, 1), kv_cache=cache).logits[0, -1].float()
+            pos = torch.tensor([[t]], device=window.device)
+            logits = model(window[t : t + 1].view(1, 1), input_pos=pos, cache=cache).logits[0, -1].float()
             nll += F.cross_entropy(logits, window[t + 1]).item()
             n += 1
     return nll / n

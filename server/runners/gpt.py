@@ -1,6 +1,6 @@
-"""Our from-scratch GPT behind the runner seam: prefill through the growing KV cache, then each
-sequence's keys and values copied into its slot of the decode step's static cache
-(server/decode_step.py), where a step has fixed shapes and can be compiled."""
+"""Our from-scratch GPT behind the runner seam. Its static KV cache holds the engine's slots: a
+prefill writes the prompts straight into their slots, a decode step (server/decode_step.py, fixed
+shapes, compiled) extends them; both are the model's one forward(idx, input_pos)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 from tokenizers import Tokenizer
 
 from models.gpt import GPT
-from models.kv_cache import KVCache
 from server.decode_step import DecodeStep
 from server.runners.base import RunnerFacts
 
@@ -48,25 +47,27 @@ class GPTRunner:
         self.step = DecodeStep(model, max_rows)
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """One forward pass over the left-padded prompts (B, T); each row's keys and values go to its slot."""
-        T = max(len(p) for p in prompts)
+        """Right-padded prompts (B, T) in one pass, written straight into their (consecutive) slots.
+
+        A row's padding lands in columns past its prompt, which its queries never see and its decode
+        steps overwrite. The naive "zero_after" mask normalises over every key that exists, padding
+        included, so its prompts go one per pass.
+        """
+        if self.model.config.masking != "causal" and len(prompts) > 1:
+            return torch.cat([self.prefill([slot], [p]) for slot, p in zip(slots, prompts, strict=True)])
+        if slots != list(range(slots[0], slots[0] + len(slots))):
+            raise ValueError(f"prefill slots must be consecutive, got {slots}")
+        lengths = [len(p) for p in prompts]
+        T = max(lengths)
         ids = torch.full((len(prompts), T), self.facts.eos_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), T), dtype=torch.long)
         for i, prompt in enumerate(prompts):
-            ids[i, T - len(prompt) :] = torch.tensor(prompt)
-            mask[i, T - len(prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        padded = not bool(mask.all())
-        cache = KVCache(self.facts.layers)
-        logits = self.model(
-            ids,
-            attention_mask=mask if padded else None,
-            position_ids=(mask.cumsum(1) - 1).clamp(min=0) if padded else None,
-            kv_cache=cache,
-        ).logits[:, -1]
-        for i, (slot, prompt) in enumerate(zip(slots, prompts, strict=True)):
-            self.step.write(slot, cache, i, T - len(prompt))
-        return logits.float().cpu()
+            ids[i, : len(prompt)] = torch.tensor(prompt)
+        ids = ids.to(self.device)
+        positions = torch.arange(T, device=self.device).expand(len(prompts), T)
+        cache = self.step.cache.view(len(prompts), T, start=slots[0])
+        logits = self.model(ids, input_pos=positions, cache=cache).logits  # (B, T, vocab)
+        last = torch.tensor(lengths, device=self.device) - 1
+        return logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
 
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         return self.step(tokens, positions)
