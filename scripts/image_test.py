@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts.processes import free_port
+from scripts.processes import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "localhost/debian:bookworm"
@@ -131,25 +131,13 @@ def serve_and_check(tag: str) -> float:
     cmd = [*config["Cmd"][:-1], str(port)] if config["Cmd"][-2] == "--port" else config["Cmd"]
     container = sh("buildah", "from", "--pull-never", tag, capture_output=True, text=True).stdout.strip()
     log = open(BUILD / "image-test-server.log", "w")  # noqa: SIM115 (closed below)
-    start = time.monotonic()
     server = subprocess.Popen(
         ["buildah", "run", "--isolation", "chroot", container, "--", *cmd],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with {server.returncode}: see {log.name}")
-            if time.monotonic() - start > 600:
-                raise SystemExit("no /health 200 within 600 s")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        ready = time.monotonic() - start
+        ready = wait_healthy(base, server, 600, lambda: f"see {log.name}")
         body = {"inputs": "The castle was built in", "parameters": {"max_new_tokens": 24, "seed": 1, "do_sample": True}}
         completion = httpx.post(f"{base}/generate", json=body, timeout=120)
         completion.raise_for_status()

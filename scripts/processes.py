@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,23 +40,27 @@ def http_server(store: Path, **settings: str) -> Iterator[tuple[str, subprocess.
         proc.log = log
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise AssertionError(f"server exited with {proc.returncode}: {server_output(proc)[-2000:]}")
-                try:
-                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-            else:
-                raise AssertionError("server did not become healthy in 60 s")
+            wait_healthy(base, proc, 60, lambda: server_output(proc)[-2000:])
             yield base, proc
         finally:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=90)
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, output: Callable[[], str]) -> float:
+    """Seconds until `base`/health answers 200; AssertionError (with `output()`) if the process exits first."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}: {output()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return time.monotonic() - start
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"server did not become healthy in {timeout_s:.0f} s")
 
 
 def server_output(proc: subprocess.Popen) -> str:

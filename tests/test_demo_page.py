@@ -222,14 +222,18 @@ def test_model_labels_name_the_attention_variant_and_relational_heads(browser, t
         page.close()
 
 
-def test_attention_explorer_shows_every_head_of_the_layer(page, server):
-    heads = httpx.get(server + "/models/tiny-gpt", headers={"Authorization": f"Bearer {TOKEN}"}).json()["heads"]
+def show_layer(page, model: str, layer: int, text: str) -> None:
     page.click("button[data-tab=attention]")
-    page.select_option("#att-model", "tiny-gpt")
-    page.select_option("#att-layer", "1")
-    page.fill("#att-text", "The castle was built")
+    page.select_option("#att-model", model)
+    page.select_option("#att-layer", str(layer))
+    page.fill("#att-text", text)
     page.click("#show-attention")
     page.wait_for_selector("#head-grid .head-cell")
+
+
+def test_attention_explorer_shows_every_head_of_the_layer(page, server):
+    heads = httpx.get(server + "/models/tiny-gpt", headers={"Authorization": f"Bearer {TOKEN}"}).json()["heads"]
+    show_layer(page, "tiny-gpt", 1, "The castle was built")
     cells = page.query_selector_all("#head-grid .head-cell")
     assert len(cells) == heads > 1
     assert [c.get_attribute("aria-pressed") for c in cells] == ["true"] + ["false"] * (heads - 1)
@@ -254,12 +258,8 @@ def test_attention_explorer_shows_every_head_of_the_layer(page, server):
 
 
 def test_softmax1_heads_show_their_mass_on_nothing(page, server):
-    page.click("button[data-tab=attention]")
-    page.select_option("#att-model", "tiny-mlm-softmax1")
-    page.select_option("#att-layer", "0")
-    page.fill("#att-text", "La suno brilas.")
-    page.click("#show-attention")
-    page.wait_for_selector("#head-grid .head-cell[data-nothing]")
+    show_layer(page, "tiny-mlm-softmax1", 0, "La suno brilas.")
+    assert page.query_selector("#head-grid .head-cell[data-nothing]") is not None
     api = httpx.post(
         server + "/attention",
         json={"model": "tiny-mlm-softmax1", "text": "La suno brilas.", "layers": [0]},
@@ -291,17 +291,24 @@ def test_model_card_tab_renders_the_card_and_its_image(page, server):
     assert outside.status_code == 404 and "tiny softmax0" not in outside.text
 
 
-def test_api_snippets_run_in_a_shell_and_reproduce_the_page(page):
+def complete_seeded(page, prompt: str, max_new_tokens: int, seed: int, **sliders: str) -> str:
+    """A seeded completion of tiny-gpt through the page (EOS bias -20: the tiny model runs to the limit)."""
     page.select_option("#gen-model", "tiny-gpt")
-    page.fill("#prompt", "The castle was")
-    page.fill("#max_new_tokens", "12")
-    page.fill("#temperature", "0.9")
-    page.fill("#top_k", "20")
-    page.fill("#eos_bias", "-20")
-    page.fill("#seed", "5")
+    page.fill("#prompt", prompt)
+    for field, value in {
+        "max_new_tokens": str(max_new_tokens),
+        "eos_bias": "-20",
+        "seed": str(seed),
+        **sliders,
+    }.items():
+        page.fill(f"#{field}", value)
     page.click("#generate")
     finished(page)
-    on_page = page.text_content("#completion .generated")
+    return page.text_content("#completion .generated")
+
+
+def test_api_snippets_run_in_a_shell_and_reproduce_the_page(page):
+    on_page = complete_seeded(page, "The castle was", 12, 5, temperature="0.9", top_k="20")
     curl = json.loads(run_in_shell(snippet(page, "curl")))
     assert curl["generated_text"] == on_page
     assert run_in_shell(python(snippet(page, "openai"))) == on_page + "\n"
@@ -344,14 +351,7 @@ def test_api_snippets_run_in_a_shell_and_reproduce_the_page(page):
 
 
 def test_shared_link_restores_the_inputs_and_the_seeded_output(page, browser, server):
-    page.select_option("#gen-model", "tiny-gpt")
-    page.fill("#prompt", "The king's castle & the town")
-    page.fill("#max_new_tokens", "10")
-    page.fill("#eos_bias", "-20")
-    page.fill("#seed", "42")
-    page.click("#generate")
-    finished(page)
-    original = page.text_content("#completion .generated")
+    original = complete_seeded(page, "The king's castle & the town", 10, 42)
     page.click("#share")
     link = page.input_value("#share-link")
     assert link.startswith(server + "/#") and TOKEN not in link

@@ -53,7 +53,8 @@ class CausalLMRunner(Protocol):
     model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Run each prompt into its slot; next-token logits (n, vocab), float32 on the CPU."""
+        """Run each prompt into its slot (the engine gives consecutive free slots); next-token logits
+        (n, vocab), float32 on the CPU."""
         ...
 
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:

@@ -167,7 +167,7 @@ async function pickHead(head) {
   $("hover-info").textContent = `${data.model} (${data.attention_variant}), layer ${layer} head ${head}:`
     + ` mean row sum ${data.row_sums[0][head].toFixed(3)}. Hover a cell or a token.`;
   const link = $("png-link");
-  const body = { model: data.model, text: $("att-text").value, layers: [layer], heads: [head], format: "png" };
+  const body = { model: data.model, text: data.text, layers: [layer], heads: [head], format: "png" };
   const png = await (await post("/attention", body)).blob();
   if (link.href) URL.revokeObjectURL(link.href);
   link.href = URL.createObjectURL(png);
