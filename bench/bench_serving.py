@@ -129,7 +129,7 @@ class EngineSide:
     def __init__(self, model_id: str) -> None:
         settings = Settings(models=[model_id], max_batch_size=32, max_queue=128)
         self.registry, self.served = served_compiled(settings, model_id)
-        self.prompt_ids = self.served.tokenizer.encode(PROMPT).ids
+        self.prompt_ids = self.served.tokenizer.encode(PROMPT)
 
     def info(self) -> dict:
         m = self.served

@@ -72,18 +72,20 @@ EXAMPLES = {
 def output_of(page: Page, tab: str) -> str:
     """What the page shows once the example has run, in one line."""
     if tab == "complete":
-        page.wait_for_function("!['…', '–'].includes(document.querySelector('#finish-reason').textContent)")
+        page.wait_for_function(  # eager steps while the server still compiles: minutes, not seconds
+            "!['…', '–'].includes(document.querySelector('#finish-reason').textContent)", timeout=300_000
+        )
         text = page.text_content("#completion .generated").strip().replace("\n", " ")
         return f"{text} [{page.text_content('#finish-reason')}, {page.text_content('#gen-count')} tokens]"
     if tab == "fillmask":
-        page.wait_for_selector(".candidates li")
+        page.wait_for_selector(".candidates li", timeout=120_000)
         columns = page.query_selector_all(".candidates")
         return " | ".join(
             f"{c.get_attribute('data-model')}: "
             + ", ".join(li.text_content().strip() for li in c.query_selector_all("ol")[0].query_selector_all("li")[:3])
             for c in columns
         )
-    page.wait_for_selector("#head-grid .head-cell")
+    page.wait_for_selector("#head-grid .head-cell", timeout=120_000)
     return page.text_content("#hover-info").replace(" Hover a cell or a token.", "")
 
 

@@ -259,13 +259,14 @@ async function loadExamples() {
   }
 }
 
-/** Restore a shared state; run it when asked, or when it reproduces (a seeded completion, any other tab). */
+/** Restore a shared state; run it when asked, or when it reproduces (a seeded or greedy completion, any other tab). */
 function openState(state, force = false) {
   if (!state) return;
   selectTab(state.tab, false);
   applyState(state, (tab) => { if (tab === "attention") updateLayerHead(); });
   updateApiPanel();
-  if (force || state.tab !== "complete" || state.values.seed !== undefined) run(state.tab);
+  const reproduces = state.values.seed !== undefined || Number(state.values.temperature) === 0; // seeded or greedy
+  if (force || state.tab !== "complete" || reproduces) run(state.tab);
 }
 
 function openLink() {
