@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from pathlib import Path
 
 from markdown_it import MarkdownIt
@@ -39,9 +40,11 @@ def is_card_image_name(name: str) -> bool:
     return bool(PLAIN_NAME.match(name)) and ".." not in name and Path(name).suffix.lower() in IMAGE_TYPES
 
 
-def linked_images(card: str) -> set[str]:
+@lru_cache(maxsize=64)  # a served card never changes: parse it once, not per image request
+def linked_images(card: str) -> frozenset[str]:
     """The image names the card links to that a client may fetch."""
-    return {str(t.attrGet("src")) for t in _images(_markdown.parse(card)) if is_card_image_name(str(t.attrGet("src")))}
+    srcs = (str(t.attrGet("src")) for t in _images(_markdown.parse(card)))
+    return frozenset(src for src in srcs if is_card_image_name(src))
 
 
 def render_html(card: str, image_url: Callable[[str], str]) -> str:

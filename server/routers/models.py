@@ -9,8 +9,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError
 from server.model_card import IMAGE_TYPES, card_image, render_html
-from server.registry import ServedModel, UnknownModelError
+from server.registry import ServedModel
 from server.schemas.models import Health, Info, ModelCard, ModelList, ModelSummary
+from server.service import find_model
 
 router = APIRouter(tags=["models and service"])
 
@@ -37,24 +38,17 @@ async def list_models(registry: Registry) -> ModelList:
     return ModelList(data=[summary(m) for m in registry.models.values()], failed=registry.failed)
 
 
-def served(registry, model_id: str) -> ServedModel:
-    try:
-        return registry.get(model_id)
-    except UnknownModelError as e:
-        raise APIError(404, f"model_id: {e}", "model_id", "not_found") from None
-
-
 @router.get("/models/{model_id}", response_model=ModelCard)
 async def get_model(model_id: str, registry: Registry) -> ModelCard:
     """A model's summary, configuration and model card (markdown)."""
-    m = served(registry, model_id)
+    m = find_model(registry, model_id, None, "model_id")
     return ModelCard(**summary(m).model_dump(), config=m.config, card=m.card)
 
 
 @router.get("/models/{model_id}/card", response_class=HTMLResponse)
 async def get_model_card(model_id: str, registry: Registry) -> HTMLResponse:
     """The model card rendered as an HTML fragment (raw HTML escaped); its images point at the route below."""
-    m = served(registry, model_id)
+    m = find_model(registry, model_id, None, "model_id")
     return HTMLResponse(render_html(m.card, lambda name: f"/models/{m.id}/card/{name}"))
 
 
@@ -63,7 +57,7 @@ async def get_model_card(model_id: str, registry: Registry) -> HTMLResponse:
 )
 async def get_model_card_image(model_id: str, name: str, registry: Registry) -> FileResponse:
     """An image the model card links to (its loss curve); no other file of the store is served."""
-    m = served(registry, model_id)
+    m = find_model(registry, model_id, None, "model_id")
     path = card_image(m.folder, m.card, name)
     if path is None:
         raise APIError(
