@@ -111,7 +111,7 @@ class CausalSelfAttention(nn.Module):
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
-        if self.fused and not return_attention:
+        if self.fused and not return_attention and (kv_cache is None or T > 1):
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         else:
@@ -231,16 +231,17 @@ class GPT(nn.Module):
         input_pos: torch.Tensor | None = None,  # (B, T) positions: write to the cache and attend over it
         cache: StaticKVCache | None = None,  # default: the model's own (setup_cache)
         return_attention: bool = False,
+        logits_at: torch.Tensor | None = None,  # (B,) one index per row: only its logits, (B, 1, vocab)
     ) -> GPTOutput:
         B, T = idx.shape
         if input_pos is None:  # the tokens alone, at positions 0..T-1, causal
             positions = torch.arange(T, device=idx.device).expand(B, T)
-            return self._blocks(idx, positions, None, None, return_attention, targets)
+            return self._blocks(idx, positions, None, None, return_attention, targets, logits_at)
         cache = cache if cache is not None else self.cache
         mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
-        return self._blocks(idx, input_pos, mask, cache, return_attention, targets)
+        return self._blocks(idx, input_pos, mask, cache, return_attention, targets, logits_at)
 
-    def _blocks(self, idx, position_ids, mask, kv_cache, return_attention, targets) -> GPTOutput:
+    def _blocks(self, idx, position_ids, mask, kv_cache, return_attention, targets, logits_at) -> GPTOutput:
         """Embeddings, the blocks, the LM head (and the loss when targets are given)."""
         x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
         if self.config.positions == "sinusoidal":
@@ -256,6 +257,8 @@ class GPT(nn.Module):
             x, weights = block(x, mask, position_ids, layer, kv_cache, return_attention)
             if attentions is not None:
                 attentions.append(weights)
+        if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul
+            x = x[torch.arange(x.shape[0], device=x.device), logits_at].unsqueeze(1)  # (B, 1, C)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
 
         loss = None

@@ -35,6 +35,18 @@ class SamplingParams:
     logprobs: bool = False  # report each chosen token's log-probability under the model
     top_logprobs: int = 0  # and this many most likely alternatives
 
+    @property
+    def greedy(self) -> bool:
+        """The next token is the argmax of the logits with only the EOS bias applied: the decode step
+        chooses it on the graph (server/decode_step.py) and no Python sampler runs for the row."""
+        return (
+            self.temperature == 0
+            and self.repetition_penalty == 1.0
+            and not self.logit_bias
+            and not self.logprobs
+            and not self.top_logprobs
+        )
+
     def eos_bias_at(self, generated: int) -> float:
         """The EOS bias for the next token after `generated` tokens: constant, or relaxing towards 0."""
         if self.eos_bias_decay is None or generated <= self.eos_bias_start or self.eos_bias == 0:
@@ -50,6 +62,12 @@ class SequenceState:
     seen: list[int]  # prompt + generated ids (the repetition penalty's memory)
     generated: int
     generator: torch.Generator | None = None  # only where the request gave a seed
+
+    def eos_logit_bias(self) -> float:
+        """What the next token's EOS logit gets: the EOS bias, or -inf before min_new_tokens."""
+        if self.generated < self.params.min_new_tokens:
+            return float("-inf")
+        return self.params.eos_bias_at(self.generated)
 
 
 @dataclass(frozen=True)
@@ -74,10 +92,7 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
     if biased:
         i, t, b = zip(*biased, strict=True)
         out.index_put_((torch.tensor(i), torch.tensor(t)), torch.tensor(b, dtype=out.dtype), accumulate=True)
-    out[:, eos_id] += torch.tensor([r.params.eos_bias_at(r.generated) for r in rows], dtype=out.dtype)
-    blocked = [i for i, r in enumerate(rows) if r.generated < r.params.min_new_tokens]
-    if blocked:
-        out[blocked, eos_id] = float("-inf")
+    out[:, eos_id] += torch.tensor([r.eos_logit_bias() for r in rows], dtype=out.dtype)
     return out
 
 

@@ -20,8 +20,9 @@ import torch
 from model_store import GPT
 from models.kv_cache import StaticKVCache
 
-# (tokens (b, 1), positions (b, 1), *cache tensors) -> logits (b, vocab); mutates the cache tensors
-StepFn = Callable[..., torch.Tensor]
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors) -> (greedy tokens (b,), logits (b, vocab));
+# mutates the cache tensors
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:
@@ -33,12 +34,21 @@ def buckets(limit: int, smallest: int = 1) -> list[int]:
 
 
 def eager_step(model: GPT, n_layer: int) -> StepFn:
-    """The decode step as a plain function of tensors (the form every compiler takes)."""
+    """The decode step as a plain function of tensors (the form every compiler takes).
 
-    def step(tokens: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
+    The greedy choice is made on the graph (gpt-fast's sampling inside the step): the EOS logit gets
+    each row's bias (-inf before min_new_tokens), then argmax. Only the token ids cross to Python
+    for a greedy row; the logits are there for the rows the batch sampler handles.
+    """
+    eos_id = model.config.eos_token_id
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
         static = StaticKVCache.from_tensors(cache, n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        return model.forward(tokens, input_pos=positions, cache=static).logits[:, -1]  # (b, vocab)
+        logits = model.forward(tokens, input_pos=positions, cache=static).logits[:, -1]  # (b, vocab)
+        columns = torch.arange(logits.shape[-1], device=logits.device)
+        biased = torch.where(columns == eos_id, logits.float() + eos_bias.unsqueeze(1), logits.float())
+        return biased.argmax(dim=-1), logits  # (b,), (b, vocab)
 
     return step
 
@@ -55,7 +65,7 @@ class DecodeStep:
             self.cache = model.setup_cache(max_rows)
         self.eager = eager_step(model, model.config.n_layer)
         self.compiled: dict[tuple[int, int], StepFn] = {}  # (rows, columns) -> compiled step, added when ready
-        self._inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]] = {}
+        self._inputs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
         """The smallest (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
@@ -64,11 +74,12 @@ class DecodeStep:
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 
-    def inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """The bucket's fixed inputs: tokens (b, 1), positions (b, 1), cache views (b, *, S, *)."""
+    def inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """The bucket's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), cache views (b, *, S, *)."""
         if bucket not in self._inputs:
             zeros = torch.zeros((bucket[0], 1), dtype=torch.long, device=self.device)
-            self._inputs[bucket] = (zeros, zeros.clone(), self.cache.view(*bucket).tensors())
+            bias = torch.zeros(bucket[0], device=self.device)
+            self._inputs[bucket] = (zeros, zeros.clone(), bias, *self.cache.view(*bucket).tensors())
         return self._inputs[bucket]
 
     def compile_order(self, max_rows: int) -> list[tuple[int, int]]:
@@ -86,15 +97,20 @@ class DecodeStep:
         cache = [t[:, :, :columns] for t in full]
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
-        return tokens, positions, *cache
+        eos_bias = torch.zeros(rows, device=self.device)
+        return tokens, positions, eos_bias, *cache
 
-    def __call__(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Next-token logits (n, vocab), float32 on the CPU, for n rows in slots 0..n-1."""
+    def __call__(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float]
+    ) -> tuple[list[int], torch.Tensor]:
+        """For n rows in slots 0..n-1: each row's greedy next token (its EOS bias applied) and the raw
+        next-token logits (n, vocab), on the model's device and in its dtype."""
         n = len(tokens)
         bucket = self.bucket(n, max(positions) + 1)
-        tok, pos, cache = self.inputs(bucket)
+        tok, pos, bias, *cache = self.inputs(bucket)
         tok[:n, 0] = torch.tensor(tokens)
         pos[:n, 0] = torch.tensor(positions)
         pos[n:] = 0  # padding rows write to column 0 of free slots, which a prefill overwrites
-        logits = self.compiled.get(bucket, self.eager)(tok, pos, *cache)
-        return logits[:n].float().cpu()
+        bias[:n] = torch.tensor(eos_bias)
+        greedy, logits = self.compiled.get(bucket, self.eager)(tok, pos, bias, *cache)
+        return greedy[:n].tolist(), logits[:n]

@@ -94,13 +94,16 @@ class _Row:
 
     def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int, tokenizer) -> None:
         self.req = req
-        self.logits = logits  # (V,) raw logits for the next token
+        self.logits: torch.Tensor | None = logits  # (V,) raw logits for the next token, for the batch sampler
+        self.next_token: int | None = None  # or the next token, already chosen by the decode step (greedy rows)
         self.generated: list[int] = []
         self.length = len(req.prompt_ids)  # real tokens in the cache
         self.max_new = max_new
         self.detokenizer = Detokenizer(tokenizer, req.params.stop)
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
+        self.greedy = req.params.greedy
+        self.draw: Draw | None = None  # the batch sampler's choice, with the logprobs it reports
 
 
 @dataclass
@@ -247,23 +250,37 @@ class GenerationEngine:
             self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
 
     def _step(self) -> None:
-        """Choose one token for every row (one sampler call), retire finished rows, run one decode step."""
+        """Take every row's next token (chosen by the last decode step for greedy rows, by one batch
+        sampler call for the others), retire finished rows, run one decode step."""
         if not self._rows:
             return
         live = [row for row in self._rows if self._wanted(row)]
-        draws = sample(torch.stack([r.logits for r in live]), [r.sampling for r in live], self.eos_id) if live else []
-        kept = [row for row, draw in zip(live, draws, strict=True) if self._advance(row, draw)]
+        pending = [row for row in live if row.next_token is None]
+        if pending:
+            logits = torch.stack([r.logits for r in pending])
+            for row, draw in zip(pending, sample(logits, [r.sampling for r in pending], self.eos_id), strict=True):
+                row.next_token, row.draw, row.logits = draw.token, draw, None
+        kept = [row for row in live if self._advance(row)]
         if len(kept) < len(self._rows):
             self._compact(kept)
             self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
             if not self._rows:
                 return
-        logits = self.runner.decode([row.generated[-1] for row in self._rows], [row.length for row in self._rows])
-        for row, row_logits in zip(self._rows, logits, strict=True):
+        rows = self._rows
+        greedy, logits = self.runner.decode(
+            [row.generated[-1] for row in rows],
+            [row.length for row in rows],
+            [row.sampling.eos_logit_bias() if row.greedy else 0.0 for row in rows],
+        )
+        sampled = [i for i, row in enumerate(rows) if not row.greedy]
+        copies = logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
+        for row, token in zip(rows, greedy, strict=True):
             row.length += 1
-            row.logits = row_logits
+            row.next_token = token if row.greedy else None
+        for j, i in enumerate(sampled):
+            rows[i].logits = copies[j]
         self.stats.decode_steps += 1
-        self.stats.running = len(self._rows)
+        self.stats.running = len(rows)
 
     def _compact(self, kept: list[_Row]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
@@ -291,9 +308,10 @@ class GenerationEngine:
             return False
         return True
 
-    def _advance(self, row: _Row, draw: Draw) -> bool:
-        """Report the row's sampled token; False when the row is finished."""
+    def _advance(self, row: _Row) -> bool:
+        """Report the row's next token; False when the row is finished."""
         req, p = row.req, row.req.params
+        draw, row.draw = row.draw or Draw(row.next_token), None
         token, logprob = draw.token, draw.logprob
         alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in draw.top)
         token_text = self.tokenizer.decode([token]) if p.logprobs else ""

@@ -8,7 +8,10 @@ policy, when a finish is a failure, the 429 on a full queue, and the collect-or-
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -138,23 +141,71 @@ def check_logit_bias(m: ServedModel, bias: dict[int, float], field: str) -> None
         raise APIError(422, f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab})", field)
 
 
+class Outbox:
+    """Engine events into one event loop's queues, with at most one wake-up of the loop pending.
+
+    Waking the loop from the compute thread writes to its self-pipe, and the loop thread then takes the
+    GIL from the compute thread: once per token per request, that cost grew with the batch. Here a
+    decode step's events for every request cost one wake-up, and a request collected whole (not
+    streamed) wakes its loop only when it finishes.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque[tuple[asyncio.Queue[Event], Event]] = collections.deque()
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def sink(self, queue: asyncio.Queue[Event], wake_on_tokens: bool) -> Callable[[Event], None]:
+        """The engine-side callback for one request's events (called on the compute thread)."""
+
+        def put(event: Event) -> None:
+            self._items.append((queue, event))  # before the flag is read: a pending drain will see it
+            if wake_on_tokens or isinstance(event, FinishEvent):
+                self._schedule()
+
+        return put
+
+    def _schedule(self) -> None:
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False  # before draining: an event added from now on schedules a new drain
+        while self._items:
+            queue, event = self._items.popleft()
+            queue.put_nowait(event)
+
+
+_outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
+
+
+def outbox(loop: asyncio.AbstractEventLoop) -> Outbox:
+    if loop not in _outboxes:
+        _outboxes[loop] = Outbox(loop)
+    return _outboxes[loop]
+
+
 async def events(
-    job: CompletionJob, settings: Settings, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    job: CompletionJob,
+    settings: Settings,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    streaming: bool = True,
 ) -> AsyncIterator[Event]:
     """Run one request on the model's engine and yield its events.
 
-    Leaving the iteration early (client gone, stream closed) cancels the request at the next decode
-    step, so its batch slot is freed.
+    streaming=False (the whole response at the end) delivers the token events together with the
+    finish. Leaving the iteration early (client gone, stream closed) cancels the request at the next
+    decode step, so its batch slot is freed.
     """
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
+    sink = outbox(asyncio.get_running_loop()).sink(queue, wake_on_tokens=streaming)
     try:
-        req = job.model.engine.submit(
-            job.prompt_ids,
-            job.params,
-            lambda e: loop.call_soon_threadsafe(queue.put_nowait, e),
-            settings.request_timeout_s,
-        )
+        req = job.model.engine.submit(job.prompt_ids, job.params, sink, settings.request_timeout_s)
     except QueueFullError as e:
         raise busy(e) from None
     try:
@@ -182,7 +233,7 @@ async def collect(
 ) -> tuple[list[TokenEvent], FinishEvent]:
     """Every token event and the finish event; 499 when the client left before the end."""
     tokens, finish = [], None
-    async for e in events(job, settings, is_disconnected):
+    async for e in events(job, settings, is_disconnected, streaming=False):
         if isinstance(e, FinishEvent):
             finish = e
         else:

@@ -8,7 +8,7 @@ import torch
 
 from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler, cache_key, compile_options
+from server.compiled import BackgroundCompiler, cache_key, compile_options, inductor_settings
 from server.engine import GenerationEngine
 from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
@@ -108,7 +108,10 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
         engine.stop()
 
 
-def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer):
+def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
+    # a frozen CPU graph holds prepacked oneDNN weights, which inductor cannot pickle: the cache serves the
+    # unfrozen graphs (CUDA's), so this test compiles without freezing
+    monkeypatch.setattr("server.compiled.inductor_settings", lambda device: {})
     a, b = tmp_path / "a", tmp_path / "b"
     write_checkpoint(a, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
     write_checkpoint(b, tiny_gpt(seed=1), tiny_tokenizer, card="# b\n", metrics={})
@@ -150,7 +153,24 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
 
 def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
     assert compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
-    assert compile_options(torch.device("cpu")) == {"options": {"freezing": True}}
+    assert compile_options(torch.device("cpu")) == {} and inductor_settings(torch.device("cpu")) == {"freezing": True}
+
+
+def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears():
+    """torch.compile(options={"freezing": True}) left the weights as graph inputs (plain addmm, no
+    packing): the setting must reach inductor's config, which the build does."""
+    from torch._dynamo.utils import counters
+
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        counters.clear()
+        with torch._inductor.config.patch(force_disable_caches=True):
+            BackgroundCompiler(engine.runner.step, [(1, 64)], None, "test").build((1, 64))
+    finally:
+        engine.stop()
+    packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
+    assert packed and sum(packed.values()) >= 4 * 2  # the qkv, attention, MLP linears of both blocks (and the head)
 
 
 def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_path):

@@ -57,8 +57,10 @@ class CausalLMRunner(Protocol):
         (n, vocab), float32 on the CPU."""
         ...
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """One step for the sequences in slots 0..n-1: token i is at position i; logits (n, vocab) as above."""
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
+        """One step for the sequences in slots 0..n-1 (token i at position i): each row's greedy next token
+        after adding eos_bias[i] to its end-of-text logit, and the raw logits (n, vocab) in the runner's
+        device and dtype (the engine samples from them the rows that are not greedy)."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -65,12 +65,12 @@ class GPTRunner:
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         cache = self.step.cache.view(len(prompts), T, start=slots[0])
-        logits = self.model(ids, input_pos=positions, cache=cache).logits  # (B, T, vocab)
         last = torch.tensor(lengths, device=self.device) - 1
-        return logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
+        logits = self.model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, vocab)
+        return logits[:, 0].float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        return self.step(tokens, positions)
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
+        return self.step(tokens, positions, eos_bias)
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.step.move(src, dst, length)

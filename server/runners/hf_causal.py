@@ -74,7 +74,7 @@ class HFCausalLMRunner:
             rows.append(out.logits[0, -1])
         return torch.stack(rows).float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
         from transformers import DynamicCache
 
         n, longest = len(tokens), max(positions)  # position i = tokens cached for row i
@@ -105,7 +105,10 @@ class HFCausalLMRunner:
                     torch.cat([keys, new.keys[i : i + 1, :, -1:]], dim=2),
                     torch.cat([values, new.values[i : i + 1, :, -1:]], dim=2),
                 )
-        return out.logits[:, -1].float().cpu()
+        logits = out.logits[:, -1]
+        biased = logits.float().clone()
+        biased[:, self.facts.eos_id] += torch.tensor(eos_bias, device=biased.device)
+        return biased.argmax(dim=-1).tolist(), logits
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.slots[dst], self.slots[src] = self.slots[src], None

@@ -1,0 +1,113 @@
+"""Where a decode step's time goes, at 1 and 32 rows: the compiled step's ops, then the engine around it.
+
+    .venv/bin/python bench/profile_step.py [--model gpt-wikitext2] [--rows 1,32] [--steps 64]
+
+For each row count: the model's compiled step alone (ms per step), a torch.profiler table of its ops,
+and the engine's whole iteration (step + sampling + events, no HTTP) with a cProfile of its Python.
+The model is loaded and compiled as the server does (registry, compute thread); run it on an idle
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import queue
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from models.sampling import SamplingParams  # noqa: E402
+from server.config import Settings  # noqa: E402
+from server.engine import FinishEvent  # noqa: E402
+from server.registry import ModelRegistry  # noqa: E402
+
+PROMPT = "The history of the city begins in the early Middle Ages , when"
+
+
+def step_alone(served, rows: int, steps: int) -> tuple[float, str]:
+    """ms per compiled step over `rows` slots at positions 14.., and the profiler's op table."""
+    runner = served.runner
+    prompt = served.tokenizer.encode(PROMPT)
+
+    def run() -> tuple[float, str]:
+        with torch.inference_mode():
+            runner.prefill(list(range(rows)), [prompt] * rows)
+            tokens = [prompt[-1]] * rows
+            times = []
+            for i in range(steps):
+                t = time.perf_counter()
+                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows)
+                times.append(time.perf_counter() - t)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for i in range(16):
+                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+        return 1000 * statistics.median(times), table
+
+    return served_compute(served).call(run)
+
+
+def served_compute(served):
+    return served.engine_compute
+
+
+def engine_iteration(served, rows: int, new_tokens: int) -> tuple[float, str]:
+    """ms per engine iteration with `rows` greedy requests running, and a cProfile of the compute thread."""
+    p = SamplingParams(max_new_tokens=new_tokens, temperature=0, eos_bias=float("-inf"))
+    prompt = served.tokenizer.encode(PROMPT)
+    engine = served.engine
+    done: queue.Queue = queue.Queue()
+    profiler = cProfile.Profile()
+
+    def submit_all() -> float:
+        t = time.perf_counter()
+        for _ in range(rows):
+            engine.submit(prompt, p, lambda e: isinstance(e, FinishEvent) and done.put(e))
+        for _ in range(rows):
+            done.get()
+        return time.perf_counter() - t
+
+    submit_all()  # warm
+    served.engine_compute.call(profiler.enable)
+    seconds = submit_all()
+    served.engine_compute.call(profiler.disable)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(22)
+    return 1000 * seconds / new_tokens, out.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-wikitext2")
+    ap.add_argument("--rows", default="1,32")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    registry = ModelRegistry(Settings(models=[args.model], max_batch_size=max(rows), dtype=args.dtype))
+    registry.load_all()
+    registry.start()
+    served = registry.get(args.model)
+    served.engine_compute = registry.compute
+    if served.compiler is not None:
+        served.compiler.done.wait()
+    print(f"dtype {next(served.model.parameters()).dtype}, compiled buckets {sorted(served.runner.step.compiled)}")
+    for n in rows:
+        ms, table = step_alone(served, n, args.steps)
+        print(f"\n=== {n} rows: compiled step alone {ms:.3f} ms ===\n{table}")
+        ms, stats = engine_iteration(served, n, args.steps)
+        print(f"=== {n} rows: engine, {ms:.3f} ms per iteration ({n * 1000 / ms:.0f} tok/s) ===\n{stats}")
+    registry.stop()
+
+
+if __name__ == "__main__":
+    main()
