@@ -19,10 +19,11 @@ import torch
 
 from model_store import GPT
 from models.kv_cache import StaticKVCache
+from server.runners.base import StepOutput
 
-# (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors) -> (greedy tokens (b,), logits (b, vocab));
-# mutates the cache tensors
-StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
+#   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:
@@ -37,8 +38,9 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
     """The decode step as a plain function of tensors (the form every compiler takes).
 
     The greedy choice is made on the graph (gpt-fast's sampling inside the step): the EOS logit gets
-    each row's bias (-inf before min_new_tokens), then argmax. Only the token ids cross to Python
-    for a greedy row; the logits are there for the rows the batch sampler handles.
+    each row's bias (-inf before min_new_tokens), then argmax, with the token's logprob under the
+    model. Only those cross to Python for a greedy row; the logits are there for the rows the batch
+    sampler handles.
     """
     eos_id = model.config.eos_token_id
 
@@ -46,9 +48,11 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
         static = StaticKVCache.from_tensors(cache, n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
         logits = model.forward(tokens, input_pos=positions, cache=static).logits[:, -1]  # (b, vocab)
-        columns = torch.arange(logits.shape[-1], device=logits.device)
-        biased = torch.where(columns == eos_id, logits.float() + eos_bias.unsqueeze(1), logits.float())
-        return biased.argmax(dim=-1), logits  # (b,), (b, vocab)
+        raw = logits.float()
+        columns = torch.arange(raw.shape[-1], device=raw.device)
+        greedy = torch.where(columns == eos_id, raw + eos_bias.unsqueeze(1), raw).argmax(dim=-1)  # (b,)
+        logprob = raw.gather(1, greedy.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)  # (b,) under the model
+        return greedy, logprob, logits
 
     return step
 
@@ -100,11 +104,8 @@ class DecodeStep:
         eos_bias = torch.zeros(rows, device=self.device)
         return tokens, positions, eos_bias, *cache
 
-    def __call__(
-        self, tokens: list[int], positions: list[int], eos_bias: list[float]
-    ) -> tuple[list[int], torch.Tensor]:
-        """For n rows in slots 0..n-1: each row's greedy next token (its EOS bias applied) and the raw
-        next-token logits (n, vocab), on the model's device and in its dtype."""
+    def __call__(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+        """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
         n = len(tokens)
         bucket = self.bucket(n, max(positions) + 1)
         tok, pos, bias, *cache = self.inputs(bucket)
@@ -116,7 +117,7 @@ class DecodeStep:
             # each bucket's function holds one graph, built for these very input tensors: evaluating its
             # guards (a quarter of a millisecond a step at one row) could only confirm it
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                greedy, logits = self.compiled[bucket](tok, pos, bias, *cache)
+                greedy, logprobs, logits = self.compiled[bucket](tok, pos, bias, *cache)
         else:
-            greedy, logits = self.eager(tok, pos, bias, *cache)
-        return greedy[:n].tolist(), logits[:n]
+            greedy, logprobs, logits = self.eager(tok, pos, bias, *cache)
+        return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])

@@ -13,6 +13,7 @@ queue and synchronous callers at a plain queue.
 from __future__ import annotations
 
 import collections
+import math
 import queue
 import threading
 import time
@@ -267,16 +268,20 @@ class GenerationEngine:
             if not self._rows:
                 return
         rows = self._rows
-        greedy, logits = self.runner.decode(
+        out = self.runner.decode(
             [row.generated[-1] for row in rows],
             [row.length for row in rows],
             [row.sampling.eos_logit_bias() if row.greedy else 0.0 for row in rows],
         )
         sampled = [i for i, row in enumerate(rows) if not row.greedy]
-        copies = logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
-        for row, token in zip(rows, greedy, strict=True):
+        copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
+        for row, token, logprob in zip(rows, out.greedy, out.logprobs, strict=True):
             row.length += 1
-            row.next_token = token if row.greedy else None
+            if row.greedy:
+                row.next_token = token
+                row.draw = Draw(token, logprob if math.isfinite(logprob) else -1e9) if row.req.params.logprobs else None
+            else:
+                row.next_token = None
         for j, i in enumerate(sampled):
             rows[i].logits = copies[j]
         self.stats.decode_steps += 1

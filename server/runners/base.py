@@ -40,6 +40,17 @@ class RunnerFacts:
 
 
 @dataclass
+class StepOutput:
+    """A decode step's result for n rows: each row's greedy next token (its EOS bias applied) and that
+    token's logprob under the model, and the raw logits (n, vocab) in the runner's device and dtype,
+    from which the engine samples the rows that are not greedy."""
+
+    greedy: list[int]
+    logprobs: list[float]
+    logits: torch.Tensor
+
+
+@dataclass
 class TokenLogprobs:
     """log p(ids[t] | ids[:t]) for t = 1..T-1 of a sequence, with the top alternatives at each position."""
 
@@ -57,10 +68,9 @@ class CausalLMRunner(Protocol):
         (n, vocab), float32 on the CPU."""
         ...
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
-        """One step for the sequences in slots 0..n-1 (token i at position i): each row's greedy next token
-        after adding eos_bias[i] to its end-of-text logit, and the raw logits (n, vocab) in the runner's
-        device and dtype (the engine samples from them the rows that are not greedy)."""
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+        """One step for the sequences in slots 0..n-1: token i is at position i; eos_bias[i] is added to
+        row i's end-of-text logit before its greedy choice."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:

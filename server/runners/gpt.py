@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from models.gpt import GPT
 from server.decode_step import DecodeStep
-from server.runners.base import RunnerFacts
+from server.runners.base import RunnerFacts, StepOutput
 
 
 class TokenizersCodec:
@@ -69,7 +69,7 @@ class GPTRunner:
         logits = self.model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, vocab)
         return logits[:, 0].float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
         return self.step(tokens, positions, eos_bias)
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from server.runners.base import RunnerFacts
+from server.runners.base import RunnerFacts, StepOutput
 
 Slot = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, length, head_dim)
 
@@ -74,7 +74,7 @@ class HFCausalLMRunner:
             rows.append(out.logits[0, -1])
         return torch.stack(rows).float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> tuple[list[int], torch.Tensor]:
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
         from transformers import DynamicCache
 
         n, longest = len(tokens), max(positions)  # position i = tokens cached for row i
@@ -108,7 +108,9 @@ class HFCausalLMRunner:
         logits = out.logits[:, -1]
         biased = logits.float().clone()
         biased[:, self.facts.eos_id] += torch.tensor(eos_bias, device=biased.device)
-        return biased.argmax(dim=-1).tolist(), logits
+        greedy = biased.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, greedy.unsqueeze(1)).squeeze(1)
+        return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.slots[dst], self.slots[src] = self.slots[src], None
