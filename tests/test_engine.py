@@ -270,3 +270,28 @@ def test_events_carry_the_text_of_tokens_and_alternatives_and_are_immutable(engi
         assert [a.special for a in t.top_logprobs] == [a.id == engine.eos_id for a in t.top_logprobs]
     with pytest.raises(dataclasses.FrozenInstanceError):
         tokens[0].text = "changed"
+
+
+def test_greedy_rows_take_their_tokens_from_the_step_not_the_batch_sampler(engine, monkeypatch):
+    """The decode step chooses a greedy row's token (and its logprob) on the graph: the Python sampler
+    runs once per request, for the first token after the prefill, and gives the same tokens."""
+    import math
+
+    import server.engine as engine_module
+    from models.sampling import sample
+
+    calls = []
+
+    def counting(logits, rows, eos):
+        calls.append(len(rows))
+        return sample(logits, rows, eos)
+
+    ids = prompt(engine)
+    greedy = SamplingParams(max_new_tokens=12, temperature=0, eos_bias=float("-inf"), logprobs=True)
+    slow = SamplingParams(max_new_tokens=12, temperature=0, eos_bias=float("-inf"), logprobs=True, top_logprobs=1)
+    sampler_tokens, _ = engine.generate(ids, slow)  # the batch sampler at every token (top logprobs asked)
+    monkeypatch.setattr(engine_module, "sample", counting)
+    tokens, finish = engine.generate(ids, greedy)
+    assert calls == [1] and finish.generated_tokens == 12
+    assert [t.id for t in tokens] == [t.id for t in sampler_tokens]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-4) for a, b in zip(tokens, sampler_tokens, strict=True))
