@@ -52,11 +52,13 @@ class Compilable(Protocol):
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def cache_key(folder: Path, dtype: torch.dtype, device: torch.device) -> str:
-    """What a compiled step depends on: the weights and config (by hash), dtype, device, torch version."""
+def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: str = "native") -> str:
+    """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights'
+    form (native or int8), torch version."""
     manifest = json.loads((folder / "manifest.json").read_text())["files"]
-    weights = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
-    text = json.dumps([weights, str(dtype), device.type, torch.__version__], sort_keys=True)
+    files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
+    form = [] if weights == "native" else [weights]  # native keys stay those of earlier caches
+    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,11 @@ class Settings(BaseSettings):
         "auto",
         description="auto (float16 on CUDA; bfloat16 on CPUs with native bf16, i.e. AVX512-BF16 or AMX; "
         "else float32), float32, float16, bfloat16",
+    )
+    weights: Literal["native", "int8"] = Field(
+        "native",
+        description="native (the weights in `dtype`) or int8 (weight-only int8 linear layers with per-channel "
+        "scales, activations in `dtype`: half the bytes a decode step reads in bf16; docs/BENCHMARKS.md)",
     )
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")

@@ -104,7 +104,7 @@ class ModelRegistry:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
         if arch in CAUSAL_ARCHITECTURES:
             s = self.settings
-            runner = load_runner(arch, folder, device, dtype, s.max_batch_size)
+            runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights)
             f = runner.facts
             return ServedModel(
                 id=model_id,
@@ -166,7 +166,8 @@ class ModelRegistry:
             if s.compile_models and compilable is not None:
                 target, order = compilable
                 cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
-                key = cache_key(m.folder, next(m.model.parameters()).dtype, next(m.model.parameters()).device)
+                p = next(m.model.parameters())
+                key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
                 m.compiler = BackgroundCompiler(target, order, cache_dir, key)
                 compilers.append(m.compiler)
         if compilers:

@@ -13,19 +13,25 @@ from server.runners.base import CausalLMRunner, RunnerFacts, TextCodec, TokenLog
 CAUSAL_ARCHITECTURES = ("gpt", "causal-lm")
 
 
-def load_runner(architecture: str, folder: Path, device: torch.device, dtype: torch.dtype, max_rows: int):
-    """The runner of a validated checkpoint folder, its weights on device in dtype."""
+def load_runner(
+    architecture: str, folder: Path, device: torch.device, dtype: torch.dtype, max_rows: int, weights: str = "native"
+):
+    """The runner of a validated checkpoint folder, its weights on device in dtype (linear layers in
+    int8 when weights == "int8")."""
     from model_store import CheckpointError, load_causal_lm, load_gpt
+    from models.quantize import quantize_int8
 
+    quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     if architecture == "gpt":
         from server.runners.gpt import GPTRunner
 
         model, tokenizer = load_gpt(folder, device, dtype)
-        return GPTRunner(model, tokenizer, max_rows)
+        return GPTRunner(quantize(model), tokenizer, max_rows)
     if architecture == "causal-lm":
         from server.runners.hf_causal import HFCausalLMRunner
 
         model, tokenizer = load_causal_lm(folder, device, dtype)
+        model = quantize(model)
         try:
             return HFCausalLMRunner(model, tokenizer, max_rows)
         except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint

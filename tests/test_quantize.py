@@ -1,0 +1,57 @@
+"""Weight-only int8 linear layers: close to the layer they replace, compiled like it, served by a setting."""
+
+import torch
+
+from model_store.store import write_checkpoint
+from models.quantize import WeightOnlyInt8Linear, quantize_int8
+from models.sampling import SamplingParams
+from server.compiled import BackgroundCompiler
+from server.engine import GenerationEngine
+from server.runners import load_runner
+from server.runners.gpt import GPTRunner
+from tests.conftest import tiny_gpt
+
+
+def test_int8_linear_is_within_its_rounding_of_the_float_layer():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        linear = torch.nn.Linear(64, 48).to(dtype)
+        q = WeightOnlyInt8Linear(linear)
+        x = torch.randn(5, 3, 64, dtype=dtype)
+        want, got = linear(x).float(), q(x).float()
+        assert q.weight.dtype == torch.int8 and got.shape == want.shape
+        # per-channel rounding error: half a step of max|w|/127 per weight
+        bound = (linear.weight.float().abs().amax(1) / 254 * x.float().abs().sum(-1, keepdim=True)).max()
+        assert (got - want).abs().max() <= bound + 0.05 * want.abs().max() * (dtype == torch.bfloat16)
+
+
+def test_an_int8_gpt_compiles_and_decodes_as_its_eager_self():
+    model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64, positions="rope"))
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    engine = GenerationEngine(GPTRunner(model, None, 1), max_batch_size=1)
+    engine.tokenizer = type("NoText", (), {"decode": lambda self, ids, **kw: ""})()
+    engine.start()
+    greedy = SamplingParams(max_new_tokens=40, temperature=0, eos_bias=float("-inf"))
+    try:
+        eager = [e.id for e in engine.generate([5, 17, 3, 42], greedy)[0]]
+        step = engine.runner.step
+        step.compiled[(1, 64)] = BackgroundCompiler(step, [(1, 64)], None, "test").build((1, 64))  # checked vs eager
+        compiled = [e.id for e in engine.generate([5, 17, 3, 42], greedy)[0]]
+    finally:
+        engine.stop()
+    assert len(eager) == 40 and compiled == eager
+
+
+def test_the_weights_setting_loads_int8_linears(tmp_path, tiny_tokenizer):
+    write_checkpoint(
+        tmp_path / "m", tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size()), tiny_tokenizer, card="# m\n", metrics={}
+    )
+    cpu = torch.device("cpu")
+    native = load_runner("gpt", tmp_path / "m", cpu, torch.float32, 2)
+    int8 = load_runner("gpt", tmp_path / "m", cpu, torch.float32, 2, weights="int8")
+    assert any(isinstance(m, torch.nn.Linear) for m in native.model.modules())
+    linears = [m for m in int8.model.modules() if isinstance(m, WeightOnlyInt8Linear)]
+    assert linears and not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
+    ids = [1, 2, 3, 4, 5]
+    a, b = native.logits(ids), int8.logits(ids)
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
