@@ -4,15 +4,19 @@ Two targets have fixed-shape buckets to compile: the GPT's decode step (server/d
 the EsperBERTo encoder (server/encoder_step.py). Each gives the compiler its buckets, its eager
 function, and example inputs of a bucket's shapes; the compiler fills its `compiled` dict.
 
-Measured on this project's CPU (bench/bench_decode_step.py): `torch.compile` with inductor's
-freezing (weights become constants, so linear layers get prepacked oneDNN kernels) is the fastest
-exact candidate; cpp_wrapper, max-autotune and AOTInductor packages were not faster. On CUDA the
-same step is compiled with mode="reduce-overhead", which replays it as a CUDA graph.
+On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
+layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step against 4.0 ms with
+the weights as graph inputs). Freezing is set in inductor's config around the first call; passed as
+torch.compile(options=...) it never took effect, so the figures of docs/BENCHMARKS.md before
+session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is compiled with
+mode="reduce-overhead", which replays it as a CUDA graph.
 
 A bucket's step is compiled on a background thread, on scratch tensors of the bucket's shapes, and
 checked against the eager step before the engine may use it: a failure or a mismatch logs a line and
-leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, bucket and
-torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its cache.
+leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
+bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
+cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: on the CPU the passes
+compile at every start (the cache serves CUDA's graphs), as measured in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
