@@ -1,6 +1,6 @@
 """Where a decode step's time goes, at 1 and 32 rows: the compiled step's ops, then the engine around it.
 
-    .venv/bin/python bench/profile_step.py [--model gpt-wikitext2] [--rows 1,32] [--steps 64]
+    .venv/bin/python bench/profile_step.py [--model gpt-wikitext2] [--rows 1,32] [--steps 64] [--weights int8]
 
 For each row count: the model's compiled step alone (ms per step), a torch.profiler table of its ops,
 and the engine's whole iteration (step + sampling + events, no HTTP) with a cProfile of its Python.
@@ -33,7 +33,7 @@ from server.registry import ModelRegistry  # noqa: E402
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 
 
-def step_alone(served, rows: int, steps: int) -> tuple[float, str]:
+def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
     """ms per compiled step over `rows` slots at positions 14.., and the profiler's op table."""
     runner = served.runner
     prompt = served.tokenizer.encode(PROMPT)
@@ -53,14 +53,10 @@ def step_alone(served, rows: int, steps: int) -> tuple[float, str]:
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
         return 1000 * statistics.median(times), table
 
-    return served_compute(served).call(run)
+    return compute.call(run)
 
 
-def served_compute(served):
-    return served.engine_compute
-
-
-def engine_iteration(served, rows: int, new_tokens: int) -> tuple[float, str]:
+def engine_iteration(served, compute, rows: int, new_tokens: int) -> tuple[float, str]:
     """ms per engine iteration with `rows` greedy requests running (prefill included; median of 3 runs
     without the profiler), and a cProfile of the compute thread over a fourth."""
     p = SamplingParams(max_new_tokens=new_tokens, temperature=0, eos_bias=float("-inf"))
@@ -79,9 +75,9 @@ def engine_iteration(served, rows: int, new_tokens: int) -> tuple[float, str]:
 
     submit_all()  # warm
     seconds = statistics.median(submit_all() for _ in range(3))
-    served.engine_compute.call(profiler.enable)
+    compute.call(profiler.enable)
     submit_all()
-    served.engine_compute.call(profiler.disable)
+    compute.call(profiler.disable)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(22)
     return 1000 * seconds / new_tokens, out.getvalue()
@@ -93,20 +89,22 @@ def main() -> None:
     ap.add_argument("--rows", default="1,32")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--weights", default="native", choices=["native", "int8"])
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    registry = ModelRegistry(Settings(models=[args.model], max_batch_size=max(rows), dtype=args.dtype))
+    registry = ModelRegistry(
+        Settings(models=[args.model], max_batch_size=max(rows), dtype=args.dtype, weights=args.weights)
+    )
     registry.load_all()
     registry.start()
     served = registry.get(args.model)
-    served.engine_compute = registry.compute
     if served.compiler is not None:
         served.compiler.done.wait()
     print(f"dtype {next(served.model.parameters()).dtype}, compiled buckets {sorted(served.runner.step.compiled)}")
     for n in rows:
-        ms, table = step_alone(served, n, args.steps)
+        ms, table = step_alone(served, registry.compute, n, args.steps)
         print(f"\n=== {n} rows: compiled step alone {ms:.3f} ms ===\n{table}")
-        ms, stats = engine_iteration(served, n, args.steps)
+        ms, stats = engine_iteration(served, registry.compute, n, args.steps)
         print(f"=== {n} rows: engine, {ms:.3f} ms per iteration ({n * 1000 / ms:.0f} tok/s) ===\n{stats}")
     registry.stop()
 
