@@ -111,6 +111,7 @@ class CausalSelfAttention(nn.Module):
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
+        # one new token over the cache: the explicit product (SDPA's CPU flash kernel cost 4x as much)
         if self.fused and not return_attention and (kv_cache is None or T > 1):
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
