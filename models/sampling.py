@@ -93,6 +93,21 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
     return out
 
 
+def greedy_choice(logits: torch.Tensor, eos_bias: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, V) raw logits, (n,) EOS biases -> each row's argmax after its EOS bias, and that token's
+    logprob under the model (before the bias). Tensor ops only: the decode step runs it on its graph."""
+    raw = logits.float()
+    columns = torch.arange(raw.shape[-1], device=raw.device)
+    greedy = torch.where(columns == eos_id, raw + eos_bias.unsqueeze(1), raw).argmax(dim=-1)  # (n,)
+    logprob = raw.gather(1, greedy.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)  # (n,)
+    return greedy, logprob
+
+
+def reported_logprob(logprob: float) -> float:
+    """A logprob as responses carry it: JSON has no -inf (a token the model rules out gets -1e9)."""
+    return logprob if math.isfinite(logprob) else -1e9
+
+
 def choose_tokens(logits: torch.Tensor, rows: list[SequenceState]) -> list[int]:
     """Adjusted (n, V) logits -> one token per row: greedy at temperature 0, otherwise temperature,
     top-k, top-p (nucleus) and a draw, seeded rows from their own generator."""
@@ -144,5 +159,5 @@ def sample(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) -> list
     for j, i in enumerate(wanted):
         k = rows[i].params.top_logprobs
         top = tuple(zip(top_ids[j, :k].tolist(), top_vals[j, :k].tolist(), strict=True))
-        draws[i] = Draw(tokens[i], chosen[j] if math.isfinite(chosen[j]) else -1e9, top)
+        draws[i] = Draw(tokens[i], reported_logprob(chosen[j]), top)
     return draws

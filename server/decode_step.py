@@ -19,6 +19,7 @@ import torch
 
 from model_store import GPT
 from models.kv_cache import StaticKVCache
+from models.sampling import greedy_choice
 from server.runners.base import StepOutput
 
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
@@ -48,11 +49,7 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
         static = StaticKVCache.from_tensors(cache, n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
         logits = model.forward(tokens, input_pos=positions, cache=static).logits[:, -1]  # (b, vocab)
-        raw = logits.float()
-        columns = torch.arange(raw.shape[-1], device=raw.device)
-        greedy = torch.where(columns == eos_id, raw + eos_bias.unsqueeze(1), raw).argmax(dim=-1)  # (b,)
-        logprob = raw.gather(1, greedy.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)  # (b,) under the model
-        return greedy, logprob, logits
+        return *greedy_choice(logits, eos_bias, eos_id), logits
 
     return step
 

@@ -13,7 +13,6 @@ queue and synchronous callers at a plain queue.
 from __future__ import annotations
 
 import collections
-import math
 import queue
 import threading
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.sampling import Draw, SamplingParams, SequenceState, sample
+from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob, sample
 from server.compute import ComputeThread
 from server.detokenizer import Detokenizer
 from server.runners import CausalLMRunner
@@ -103,7 +102,6 @@ class _Row:
         self.detokenizer = Detokenizer(tokenizer, req.params.stop)
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
-        self.greedy = req.params.greedy
         self.draw: Draw | None = None  # the batch sampler's choice, with the logprobs it reports
 
 
@@ -271,15 +269,15 @@ class GenerationEngine:
         out = self.runner.decode(
             [row.generated[-1] for row in rows],
             [row.length for row in rows],
-            [row.sampling.eos_logit_bias() if row.greedy else 0.0 for row in rows],
+            [row.sampling.eos_logit_bias() if row.req.params.greedy else 0.0 for row in rows],
         )
-        sampled = [i for i, row in enumerate(rows) if not row.greedy]
+        sampled = [i for i, row in enumerate(rows) if not row.req.params.greedy]
         copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
         for row, token, logprob in zip(rows, out.greedy, out.logprobs, strict=True):
             row.length += 1
-            if row.greedy:
+            if row.req.params.greedy:
                 row.next_token = token
-                row.draw = Draw(token, logprob if math.isfinite(logprob) else -1e9) if row.req.params.logprobs else None
+                row.draw = Draw(token, reported_logprob(logprob)) if row.req.params.logprobs else None
             else:
                 row.next_token = None
         for j, i in enumerate(sampled):

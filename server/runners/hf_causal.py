@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from models.sampling import greedy_choice
 from server.runners.base import RunnerFacts, StepOutput
 
 Slot = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, length, head_dim)
@@ -106,10 +107,7 @@ class HFCausalLMRunner:
                     torch.cat([values, new.values[i : i + 1, :, -1:]], dim=2),
                 )
         logits = out.logits[:, -1]
-        biased = logits.float().clone()
-        biased[:, self.facts.eos_id] += torch.tensor(eos_bias, device=biased.device)
-        greedy = biased.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, greedy.unsqueeze(1)).squeeze(1)
+        greedy, logprobs = greedy_choice(logits, torch.tensor(eos_bias, device=logits.device), self.facts.eos_id)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
     def move(self, src: int, dst: int, length: int) -> None:
