@@ -213,15 +213,16 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, rows: int) -> StaticKVCache:
-        """A KV cache of `rows` slots of context_length positions, in the weights' dtype and device."""
+    def new_cache(self, rows: int, columns: int | None = None) -> StaticKVCache:
+        """A KV cache of `rows` slots of `columns` positions (default context_length), in the weights'
+        dtype and device."""
         p = next(self.parameters())
         shapes = [block.attn.cache_shapes() for block in self.blocks]
-        return StaticKVCache.empty(shapes, rows, self.config.context_length, p.dtype, p.device)
+        return StaticKVCache.empty(shapes, rows, columns or self.config.context_length, p.dtype, p.device)
 
-    def setup_cache(self, rows: int) -> StaticKVCache:
+    def setup_cache(self, rows: int, columns: int | None = None) -> StaticKVCache:
         """Allocate the model's own KV cache, which forward(idx, input_pos=...) uses by default."""
-        self.cache = self.new_cache(rows)
+        self.cache = self.new_cache(rows, columns)
         return self.cache
 
     def forward(

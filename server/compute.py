@@ -47,6 +47,7 @@ class ComputeThread:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.idle = threading.Event()  # set while the thread waits for work (compiling runs then)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -121,7 +122,9 @@ class ComputeThread:
         while True:
             with self._wake:
                 while not self._stopping and not self._jobs and not any(e.has_work() for e in self._engines):
+                    self.idle.set()
                     self._wake.wait()
+                self.idle.clear()
                 jobs = list(self._jobs)
                 self._jobs.clear()
                 stopping = self._stopping

@@ -1,14 +1,15 @@
 """One decode step of the GPT over a static KV cache: eager, or compiled per batch-size bucket.
 
 The engine's running rows own slots 0..n-1 of the model's `StaticKVCache`. A step over n rows whose longest
-has p tokens runs on the smallest bucket (b rows, S key columns) that holds them: b in 1, 2, 4, ...
-max rows (padding rows included), S in 64, 128, ... context (reading all `context` columns of every
-row cost as much as the matrix products at 32 rows). Each bucket has fixed shapes: its inputs are
-preallocated tensors written in place, which is what a compiled graph (and on CUDA, a captured
-graph) needs. Until a bucket's compiled step is ready (server/compiled.py builds them off the
-request path), the same step runs eagerly. The step takes the bucket's cache views as arguments
-rather than reading the model's cache attribute: a compiler freezing the weights must see the cache
-as inputs it mutates, not as constants.
+has p tokens runs on b rows (b in 1, 2, 4, ... max rows, padding rows included) and reads the first S
+key columns of each, S = p rounded up to a multiple of 16 (reading all `context` columns of every row
+cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
+column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
+Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
+a compiled graph (and on CUDA, a captured graph) needs. Until a b's compiled step is ready
+(server/compiled.py builds them off the request path), the same step runs eagerly. The step takes the
+cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
+weights must see the cache as inputs it mutates, not as constants.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from server.runners.base import StepOutput
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
 #   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:
@@ -59,43 +63,51 @@ class DecodeStep:
         self.model = model
         self.max_rows = max_rows
         self.row_buckets = buckets(max_rows)
-        self.column_buckets = buckets(model.config.context_length, smallest=64)
+        self.context = model.config.context_length
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
-            self.cache = model.setup_cache(max_rows)
+            # one spare column: every view of the first S <= context columns is then strided alike; a view
+            # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
+            self.cache = model.setup_cache(max_rows, columns=self.context + 1)
         self.eager = eager_step(model, model.config.n_layer)
-        self.compiled: dict[tuple[int, int], StepFn] = {}  # (rows, columns) -> compiled step, added when ready
-        self._inputs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
+        self._rows: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
-        """The smallest (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
-        return next(b for b in self.row_buckets if b >= rows), next(s for s in self.column_buckets if s >= longest)
+        """The (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
+        columns = min(self.context, -(-longest // COLUMN_STEP) * COLUMN_STEP)
+        return next(b for b in self.row_buckets if b >= rows), columns
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 
-    def inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-        """The bucket's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), cache views (b, *, S, *)."""
-        if bucket not in self._inputs:
-            zeros = torch.zeros((bucket[0], 1), dtype=torch.long, device=self.device)
-            bias = torch.zeros(bucket[0], device=self.device)
-            self._inputs[bucket] = (zeros, zeros.clone(), bias, *self.cache.view(*bucket).tensors())
-        return self._inputs[bucket]
+    def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
+        """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), cache views (b, *, S, *)."""
+        if rows not in self._rows:
+            zeros = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
+            self._rows[rows] = (zeros, zeros.clone(), torch.zeros(rows, device=self.device))
+        if (rows, columns) not in self._views:
+            self._views[rows, columns] = self.cache.view(rows, columns).tensors()
+        return *self._rows[rows], *self._views[rows, columns]
 
-    def compile_order(self, max_rows: int) -> list[tuple[int, int]]:
-        """The buckets of at most max_rows rows, the smallest (the most used at low load) first."""
-        return [(b, s) for b in self.row_buckets if b <= max_rows for s in self.column_buckets]
+    def compile_order(self, max_rows: int) -> list[int]:
+        """The row buckets of at most max_rows rows, the smallest (the most used at low load) first."""
+        return [b for b in self.row_buckets if b <= max_rows]
 
-    def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    def example(self, rows: int) -> tuple[torch.Tensor, ...]:
         """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
-        rows, columns = bucket
         generator = torch.Generator(device=self.device).manual_seed(0)
-        # views of full-context buffers, as the live ones are: the same strides, or the compiled graph's
-        # guards would fail on the compute thread and recompile there, on the request path
+        # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
+        # fail on the compute thread and recompile there, on the request path
         shapes = [(rows, *t.shape[1:]) for t in self.cache.tensors()]
         full = [torch.randn(shape, generator=generator, device=self.device).to(self.dtype) for shape in shapes]
+        _, columns = self.bucket(rows, self.context // 2 + 1)
         cache = [t[:, :, :columns] for t in full]
+        if self.context > COLUMN_STEP:  # more than one column count: one graph for all of them
+            for t in cache:
+                torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.context)
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
@@ -104,17 +116,17 @@ class DecodeStep:
     def __call__(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
         """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
         n = len(tokens)
-        bucket = self.bucket(n, max(positions) + 1)
-        tok, pos, bias, *cache = self.inputs(bucket)
+        rows, columns = self.bucket(n, max(positions) + 1)
+        tok, pos, bias, *cache = self.inputs(rows, columns)
         tok[:n, 0] = torch.tensor(tokens)
         pos[:n, 0] = torch.tensor(positions)
         pos[n:] = 0  # padding rows write to column 0 of free slots, which a prefill overwrites
         bias[:n] = torch.tensor(eos_bias)
-        if bucket in self.compiled:
-            # each bucket's function holds one graph, built for these very input tensors: evaluating its
-            # guards (a quarter of a millisecond a step at one row) could only confirm it
+        if rows in self.compiled:
+            # each function holds one graph, built for inputs strided as these: evaluating its guards (a
+            # quarter of a millisecond a step at one row) could only confirm it
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                greedy, logprobs, logits = self.compiled[bucket](tok, pos, bias, *cache)
+                greedy, logprobs, logits = self.compiled[rows](tok, pos, bias, *cache)
         else:
             greedy, logprobs, logits = self.eager(tok, pos, bias, *cache)
         return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])

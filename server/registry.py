@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from model_store import CheckpointError, list_checkpoints, load_mlm, resolve
 from models.device import resolve_device
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler, cache_key
+from server.compiled import BackgroundCompiler, cache_key, compile_in_background
 from server.compute import ComputeThread
 from server.config import Settings
 from server.encoder_step import EncoderStep
@@ -152,26 +151,34 @@ class ModelRegistry:
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:
-        """Warm every model up with one tiny request, then compile their fixed-shape passes in the background,
-        one model after another on one thread (compiling is CPU work that serving shares)."""
+        """Warm every model up with one tiny request, then compile their fixed-shape passes in the background:
+        one model after another on one thread that yields to requests, the default models first (what a
+        request without a model id gets)."""
         s = self.settings
-        compilers = []
         for m in self.models.values():
             if m.runner is not None:
                 m.engine.generate([m.runner.facts.eos_id], SamplingParams(max_new_tokens=2, temperature=0))
-                compilable = m.runner.compile_target(s.compile_max_batch)
             else:
                 self.compute.call(self._warm_up_mlm, m)
+        if not s.compile_models:
+            return
+        defaults = [self.models_of(kind)[0].id for kind in ("gpt", "mlm") if self.models_of(kind)]
+        compilers = []
+        first = {model_id: i for i, model_id in enumerate(defaults)}  # the default GPT, then the default MLM
+        for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
+            compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
+            if m.encoder_step is not None:
                 compilable = m.encoder_step, m.encoder_step.compile_order()
-            if s.compile_models and compilable is not None:
-                target, order = compilable
-                cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
-                p = next(m.model.parameters())
-                key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
-                m.compiler = BackgroundCompiler(target, order, cache_dir, key)
-                compilers.append(m.compiler)
+            if compilable is None:
+                continue
+            target, order = compilable
+            cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
+            p = next(m.model.parameters())
+            key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
+            m.compiler = BackgroundCompiler(target, order, cache_dir, key)
+            compilers.append(m.compiler)
         if compilers:
-            threading.Thread(target=lambda: [c.run() for c in compilers], name="compiler", daemon=True).start()
+            compile_in_background(compilers, self.compute.idle)
 
     @staticmethod
     @torch.inference_mode()
@@ -195,8 +202,11 @@ class ModelRegistry:
             raise UnknownModelError(f"model {model_id!r} is a {m.kind} model; this endpoint needs a {kind} model")
         return m
 
+    def models_of(self, kind: str) -> list[ServedModel]:
+        return [m for m in self.models.values() if m.kind == kind]
+
     def default(self, kind: str) -> ServedModel:
-        for m in self.models.values():
-            if m.kind == kind:
-                return m
-        raise UnknownModelError(f"no {kind} model is served")
+        """The first served model of the kind: what a request that names no model gets."""
+        if not (served := self.models_of(kind)):
+            raise UnknownModelError(f"no {kind} model is served")
+        return served[0]

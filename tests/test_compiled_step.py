@@ -58,7 +58,7 @@ def test_compiled_step_gives_the_eager_tokens(variant):
         want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
         compiled.generate(prompt, SamplingParams(max_new_tokens=1))  # allocates the static cache
         compiler = BackgroundCompiler(compiled.runner.step, compiled.runner.step.compile_order(1), None, "test")
-        for bucket in compiler.buckets:  # (1, 64), (1, 128): build() checks logits within 1e-4
+        for bucket in compiler.buckets:  # one row: build() checks logits within 1e-4
             compiled.runner.step.compiled[bucket] = compiler.build(bucket)
         with no_recompiles():  # the live inputs pass the guards of the graphs built on scratch ones
             got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
@@ -66,6 +66,31 @@ def test_compiled_step_gives_the_eager_tokens(variant):
         eager.stop()
         compiled.stop()
     assert len(got) == 64 and got == want
+
+
+def test_a_step_reads_its_longest_rows_columns_rounded_up():
+    step = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8).step
+    assert step.bucket(1, 1) == (1, 16) and step.bucket(3, 17) == (4, 32) and step.bucket(8, 64) == (8, 64)
+    assert step.compile_order(8) == [1, 2, 4, 8]  # one graph per row count
+
+
+def test_one_compiled_graph_serves_every_column_count_up_to_the_context():
+    """Positions up to the last one: at 64 of 64 columns the view spans a whole row of the cache,
+    strided as the shorter ones only because the cache keeps a spare column."""
+    model = tiny_gpt(vocab_size=97, context_length=64, positions="rope")
+    prompt, params = [5, 17, 3, 42], SamplingParams(max_new_tokens=60, temperature=0, eos_bias=float("-inf"))
+    eager, compiled = started(model), started(model)
+    try:
+        want = [e.id for e in eager.generate(prompt, params)[0]]
+        compiled.generate(prompt, SamplingParams(max_new_tokens=1))
+        step = compiled.runner.step
+        step.compiled[1] = BackgroundCompiler(step, [1], None, "test").build(1)
+        with no_recompiles():
+            got = [e.id for e in compiled.generate(prompt, params)[0]]
+    finally:
+        eager.stop()
+        compiled.stop()
+    assert len(got) == 60 and got == want
 
 
 def test_batched_equals_solo_with_compiled_steps():
@@ -76,7 +101,7 @@ def test_batched_equals_solo_with_compiled_steps():
         compiler = BackgroundCompiler(engine.runner.step, engine.runner.step.compile_order(2), None, "test")
         compiler.start()
         assert compiler.done.wait(600) and not compiler.failed
-        assert set(engine.runner.step.compiled) == {(1, 64), (1, 128), (2, 64), (2, 128)}
+        assert set(engine.runner.step.compiled) == {1, 2}  # one graph per row count, for every column count
         prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
         solo = [[e.id for e in engine.generate(p, GREEDY)[0]] for p in prompts]
         from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +125,7 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="tinyserve"):
             compiler.start()
             assert compiler.done.wait(60)
-        assert compiler.failed == {(1, 64): "RuntimeError: no compiler here"}
+        assert compiler.failed == {1: "RuntimeError: no compiler here"}
         assert "stays eager" in caplog.text and not engine.runner.step.compiled
         tokens, finish = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5, eos_bias=float("-inf")))
         assert finish.reason == "length" and len(tokens) == 5
@@ -125,11 +150,11 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, 
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         key = cache_key(a, torch.float32, cpu)
         compiler = BackgroundCompiler(engine.runner.step, engine.runner.step.compile_order(1), tmp_path / "cache", key)
-        compiler.build((1, 64))
+        compiler.build(1)
     finally:
         engine.stop()
-    assert compiler.artifact((1, 64)).stat().st_size > 0
-    assert compiler.artifact((1, 64)).parent.name == cache_key(a, torch.float32, cpu)
+    assert compiler.artifact(1).stat().st_size > 0
+    assert compiler.artifact(1).parent.name == cache_key(a, torch.float32, cpu)
 
 
 @pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
@@ -166,7 +191,7 @@ def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears():
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         counters.clear()
         with torch._inductor.config.patch(force_disable_caches=True):
-            BackgroundCompiler(engine.runner.step, [(1, 64)], None, "test").build((1, 64))
+            BackgroundCompiler(engine.runner.step, [1], None, "test").build(1)
     finally:
         engine.stop()
     packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
@@ -198,12 +223,12 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         assert client.get("/health").json()["compiling"] == []
         registry = app.state.registry
         gpt, mlm = registry.get("tiny-gpt"), registry.get("tiny-mlm-softmax1")
-        assert set(gpt.runner.step.compiled) == {(1, 48)} and not gpt.compiler.failed
+        assert set(gpt.runner.step.compiled) == {1} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
         assert filled.status_code == 200
-    assert any(tmp_path.rglob("DecodeStep_1x48.bin"))  # cached for the next start
+    assert any(tmp_path.rglob("DecodeStep_1.bin"))  # cached for the next start
 
 
 def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path):
@@ -212,8 +237,8 @@ def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path):
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        compiler = BackgroundCompiler(engine.runner.step, [(1, 64)], blocker, "key")
+        compiler = BackgroundCompiler(engine.runner.step, [1], blocker, "key")
         compiler.run()
     finally:
         engine.stop()
-    assert not compiler.failed and (1, 64) in engine.runner.step.compiled
+    assert not compiler.failed and 1 in engine.runner.step.compiled

@@ -1,0 +1,104 @@
+"""A newcomer's `make serve`: time to /health 200, completions while the server compiles, compile time, memory.
+
+    .venv/bin/python bench/bench_startup.py [--models gpt-wikitext2,...] [--max-s 900] [--cache-dir DIR]
+
+Starts `python -m server` over the shipped store (every checkpoint unless --models) with an empty
+compile cache (a fresh temporary folder, or --cache-dir to time a warm one), then sends one 64-token
+greedy completion to the default model every --every seconds, one at a time, until /health lists
+nothing compiling (or --max-s). Reports /health's time, the completions' latency while compiling and
+after, when compiling ended, what the server logged per compiled pass, and the server's resident
+memory when ready and when done. Run it on an idle machine: compiling is CPU work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from model_store import STORE_ROOT  # noqa: E402
+from scripts.processes import http_server, server_output  # noqa: E402
+
+PROMPT = "The castle was built in the early years of the"
+BODY = {"inputs": PROMPT, "parameters": {"max_new_tokens": 64, "eos_bias": -1e9}}  # exactly 64 tokens
+
+
+def rss_mib(pid: int) -> float:
+    """The process's resident memory (VmRSS) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=None, help="comma-separated model ids (default: the whole store)")
+    parser.add_argument("--max-s", type=float, default=900, help="stop timing after this many seconds")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds between completions while compiling")
+    parser.add_argument("--cache-dir", default=None, help="compile cache to use (default: a fresh empty one)")
+    parser.add_argument("--env", action="append", default=[], help="extra server setting, KEY=VALUE (repeatable)")
+    args = parser.parse_args()
+
+    settings = dict(kv.split("=", 1) for kv in args.env)
+    if args.models:
+        settings["models"] = "[" + ",".join(f'"{m}"' for m in args.models.split(",")) + "]"
+    with tempfile.TemporaryDirectory() as fresh:
+        settings["compile_cache_dir"] = args.cache_dir or fresh
+        t0 = time.monotonic()
+        with http_server(STORE_ROOT, **settings) as (base, proc), httpx.Client(timeout=120) as client:
+            health_s = time.monotonic() - t0
+            rss_ready = rss_mib(proc.pid)
+            during: list[tuple[float, float]] = []  # (seconds since start, latency)
+            compiled_s = None
+            while time.monotonic() - t0 < args.max_s:
+                t = time.monotonic()
+                client.post(f"{base}/generate", json=BODY).raise_for_status()
+                during.append((t - t0, time.monotonic() - t))
+                if not client.get(f"{base}/health").json()["compiling"]:
+                    compiled_s = time.monotonic() - t0
+                    break
+                time.sleep(max(0.0, args.every - (time.monotonic() - t)))
+            after = []
+            for _ in range(5):
+                t = time.monotonic()
+                client.post(f"{base}/generate", json=BODY).raise_for_status()
+                after.append(time.monotonic() - t)
+            rss_done = rss_mib(proc.pid)
+            models = client.get(f"{base}/health").json()["models"]
+            log = server_output(proc)
+
+    builds = re.findall(r"compiled (\S+) in ([\d.]+) s", log)
+    latencies = [lat for _, lat in during]
+    first = during[0][1]
+    print(f"models: {', '.join(models)}")
+    print(f"compiled passes: {len(builds)}, {sum(float(s) for _, s in builds):.0f} s of building in all")
+    for name, s in builds:
+        print(f"  {name}: {float(s):.1f} s")
+    print()
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| /health 200 after | {health_s:.1f} s |")
+    print(f"| first 64-token completion (right after /health) | {first:.2f} s |")
+    print(
+        f"| 64-token completions while compiling (n={len(latencies)}): median / p90 / max | "
+        f"{statistics.median(latencies):.2f} / {sorted(latencies)[int(0.9 * (len(latencies) - 1))]:.2f} / "
+        f"{max(latencies):.2f} s |"
+    )
+    slow = [round(at) for at, lat in during if lat > 0.5]
+    print(f"| completions over 0.5 s while compiling | {len(slow)} of {len(latencies)} (at {slow[:12]} s) |")
+    done = f"{compiled_s:.0f} s" if compiled_s is not None else f"not within {args.max_s:.0f} s"
+    print(f"| compiling ended after | {done} |")
+    print(f"| 64-token completion after compiling (median of 5) | {statistics.median(after):.2f} s |")
+    print(f"| resident memory: ready / after compiling | {rss_ready:.0f} / {rss_done:.0f} MiB |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Background compiling: the default models first, and out of the requests' way."""
+
+import shutil
+import sys
+import threading
+import time
+
+from server.compiled import YieldToRequests
+from server.config import Settings
+from server.registry import ModelRegistry
+
+
+def _calls_made(gate: YieldToRequests, seconds: float, idle_after: float | None = None) -> int:
+    """Python calls a thread with the gate installed gets through in `seconds` (idle set after idle_after)."""
+    count, stop = [0], threading.Event()
+
+    def work() -> None:
+        def one() -> None:
+            count[0] += 1
+
+        sys.settrace(gate)
+        try:
+            while not stop.is_set():
+                one()
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    if idle_after is not None:
+        time.sleep(idle_after)
+        gate.idle.set()
+    time.sleep(seconds - (idle_after or 0))
+    stop.set()
+    gate.idle.set()  # lets a paused thread see stop
+    thread.join(5)
+    return count[0]
+
+
+def test_compiling_waits_while_the_compute_thread_has_work():
+    busy = YieldToRequests(threading.Event(), patience_s=10, slice_s=1)
+    assert _calls_made(busy, 0.5) <= 1  # paused at its first call
+    resumed = YieldToRequests(threading.Event(), patience_s=10, slice_s=1)
+    assert _calls_made(resumed, 0.6, idle_after=0.3) > 1000  # runs once the compute thread is idle
+    assert 0.25 < resumed.waited_s < 0.5
+
+
+def test_under_endless_load_compiling_still_gets_slices():
+    gate = YieldToRequests(threading.Event(), patience_s=0.2, slice_s=0.2)
+    free = YieldToRequests(threading.Event(), patience_s=0.2, slice_s=0.2)
+    free.idle.set()
+    loaded, unloaded = _calls_made(gate, 1.2), _calls_made(free, 1.2)
+    assert 0.1 * unloaded < loaded < 0.8 * unloaded  # about half the time: 0.2 s slices after 0.2 s waits
+    assert gate.waited_s > 0.3
+
+
+def test_the_default_models_compile_first(store, tmp_path, monkeypatch):
+    """The store lists an MLM before the GPT; the default GPT (what a request without a model id gets)
+    compiles first, then the default MLM, then the rest."""
+    ordered = tmp_path / "store"
+    for src, dst in [("tiny-mlm-softmax1", "a-mlm"), ("tiny-gpt", "b-gpt"), ("tiny-mlm-softmax0", "c-mlm")]:
+        shutil.copytree(store / src, ordered / dst)
+    seen = []
+    monkeypatch.setattr("server.registry.compile_in_background", lambda compilers, idle: seen.extend(compilers))
+    registry = ModelRegistry(Settings(store=ordered, compile_models=True, compile_max_batch=1))
+    registry.load_all()
+    try:
+        registry.start()
+        assert list(registry.models) == ["a-mlm", "b-gpt", "c-mlm"]
+        targets = [c.target for c in seen]
+        assert targets == [
+            registry.get(i).runner.step if i == "b-gpt" else registry.get(i).encoder_step
+            for i in ("b-gpt", "a-mlm", "c-mlm")
+        ]
+    finally:
+        registry.stop()
