@@ -1,7 +1,7 @@
 """Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
 
-Two targets have fixed-shape buckets to compile: the GPT's decode step (server/decode_step.py) and
-the EsperBERTo encoder (server/encoder_step.py). Each gives the compiler its buckets, its eager
+Two targets have buckets to compile: the GPT's decode step (server/decode_step.py: one per row count,
+its key columns a dynamic dimension) and the EsperBERTo encoder (server/encoder_step.py). Each gives the compiler its buckets, its eager
 function, and example inputs of a bucket's shapes; the compiler fills its `compiled` dict.
 
 On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
@@ -11,7 +11,8 @@ torch.compile(options=...) it never took effect, so the figures of docs/BENCHMAR
 session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is compiled with
 mode="reduce-overhead", which replays it as a CUDA graph.
 
-A bucket's step is compiled on a background thread, on scratch tensors of the bucket's shapes, and
+A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
+compute thread has work: `YieldToRequests`), on scratch tensors of the bucket's shapes, and
 checked against the eager step before the engine may use it: a failure or a mismatch logs a line and
 leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
 bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
