@@ -55,6 +55,10 @@ class Compilable(Protocol):
         """Scratch inputs of the bucket's shapes, the same values at every call (the function may write to them)."""
         ...
 
+    def matmul_rows(self, bucket: Hashable) -> int:
+        """The rows of the bucket's matrix products (what picks their kernel)."""
+        ...
+
 
 # max |output difference| / (1 + max |output|): float32 is held to 1e-4; half precision rounds each op
 # at 3-4 significant digits, and a fused kernel rounds in other places than the eager ops
@@ -76,11 +80,23 @@ def compile_options(device: torch.device) -> dict:
     return {"mode": "reduce-overhead"} if device.type == "cuda" else {}
 
 
-def inductor_settings(device: torch.device) -> dict:
-    """Inductor's config while a step compiles. Freezing must be set in inductor's config itself:
-    torch.compile(options={"freezing": True}) reaches inductor after the freezing decision was made,
-    and the weights stay graph inputs (measured: no prepacked linear appeared in the graph)."""
-    return {} if device.type == "cuda" else {"freezing": True}
+# Up to this many rows a step's matrix products run faster in inductor's C++ GEMM template than in
+# oneDNN's prepacked linear (bf16, 1 x 384 x 1152: 0.04 against 0.15 ms; from 8 rows oneDNN wins:
+# docs/BENCHMARKS.md, session 15). The template is the only choice offered, so nothing is benchmarked
+# at compile time.
+TEMPLATE_GEMM_MAX_ROWS = 4
+
+
+def inductor_settings(device: torch.device, rows: int) -> dict:
+    """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
+    set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
+    the freezing decision was made, and the weights stay graph inputs (measured: no prepacked linear
+    appeared in the graph)."""
+    if device.type == "cuda":
+        return {}
+    if rows <= TEMPLATE_GEMM_MAX_ROWS:
+        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    return {"freezing": True}
 
 
 def own_code(fn: Callable, name: str) -> Callable:
@@ -189,7 +205,8 @@ class BackgroundCompiler:
             torch.compiler.load_cache_artifacts(saved.read_bytes())
         fn = own_code(self.target.eager, self.label(bucket))
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(self.target.device))
-        with torch._inductor.config.patch(inductor_settings(self.target.device)):  # compiles on the first call
+        settings = inductor_settings(self.target.device, self.target.matmul_rows(bucket))
+        with torch._inductor.config.patch(settings):  # compiles on the first call
             got = floating(compiled(*self.target.example(bucket)))
         expected = floating(self.target.eager(*self.target.example(bucket)))
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))

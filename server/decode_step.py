@@ -96,6 +96,9 @@ class DecodeStep:
         """The row buckets of at most max_rows rows, the smallest (the most used at low load) first."""
         return [b for b in self.row_buckets if b <= max_rows]
 
+    def matmul_rows(self, rows: int) -> int:
+        return rows  # one token a row
+
     def example(self, rows: int) -> tuple[torch.Tensor, ...]:
         """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
         generator = torch.Generator(device=self.device).manual_seed(0)

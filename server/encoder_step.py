@@ -47,6 +47,9 @@ class EncoderStep:
         """Short texts first: a fill-mask sentence is rarely longer than a few dozen tokens."""
         return [b for b in self.buckets if b <= max_tokens]
 
+    def matmul_rows(self, length: int) -> int:
+        return length  # one text of `length` tokens
+
     def example(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = (torch.arange(length, device=self.device) * 31 % self.vocab_size).view(1, length)
         mask = torch.ones((1, length), dtype=torch.long, device=self.device)

@@ -8,7 +8,7 @@ import torch
 
 from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler, cache_key, compile_options, inductor_settings
+from server.compiled import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, cache_key, compile_options, inductor_settings
 from server.engine import GenerationEngine
 from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
@@ -136,7 +136,7 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
 def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
     # a frozen CPU graph holds prepacked oneDNN weights, which inductor cannot pickle: the cache serves the
     # unfrozen graphs (CUDA's), so this test compiles without freezing
-    monkeypatch.setattr("server.compiled.inductor_settings", lambda device: {})
+    monkeypatch.setattr("server.compiled.inductor_settings", lambda device, rows: {})
     a, b = tmp_path / "a", tmp_path / "b"
     write_checkpoint(a, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
     write_checkpoint(b, tiny_gpt(seed=1), tiny_tokenizer, card="# b\n", metrics={})
@@ -177,14 +177,34 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
 
 
 def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
-    assert compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
-    assert compile_options(torch.device("cpu")) == {} and inductor_settings(torch.device("cpu")) == {"freezing": True}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert compile_options(cuda) == {"mode": "reduce-overhead"} and inductor_settings(cuda, 1) == {}
+    assert compile_options(cpu) == {} and inductor_settings(cpu, 32) == {"freezing": True}
+    few_rows = inductor_settings(cpu, 1)  # the C++ GEMM template, offered alone: nothing to benchmark
+    assert few_rows["freezing"] and few_rows["max_autotune"] and few_rows["max_autotune_gemm_backends"] == "CPP"
+    most = TEMPLATE_GEMM_MAX_ROWS
+    assert inductor_settings(cpu, most) == few_rows != inductor_settings(cpu, most + 1)
 
 
-def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears():
+def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template():
+    from torch._inductor.utils import run_and_get_code
+
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        with torch._inductor.config.patch(force_disable_caches=True):
+            _, code = run_and_get_code(BackgroundCompiler(engine.runner.step, [1], None, "test").build, 1)
+    finally:
+        engine.stop()
+    assert "CppMicroGemm" in "\n".join(code)  # checked against eager by build, within the tolerance
+
+
+def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears(monkeypatch):
     """torch.compile(options={"freezing": True}) left the weights as graph inputs (plain addmm, no
     packing): the setting must reach inductor's config, which the build does."""
     from torch._dynamo.utils import counters
+
+    monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
 
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
