@@ -35,6 +35,7 @@ class Predictor(BasePredictor):
         self.registry = ModelRegistry(self.settings)
         self.registry.load_all()
         self.registry.start()
+        self.registry.loaded.wait()  # a prediction may name any model: none may answer "loading"
 
     @streaming
     def predict(

@@ -117,9 +117,8 @@ def served_compiled(settings: Settings, model_id: str) -> tuple[ModelRegistry, S
     registry = ModelRegistry(settings)
     registry.load_all()
     registry.start()
+    registry.compiled.wait()
     served = registry.get(model_id)
-    if served.compiler is not None:
-        served.compiler.done.wait()
     return registry, served
 
 

@@ -5,9 +5,10 @@
 Starts `python -m server` over the shipped store (every checkpoint unless --models) with an empty
 compile cache (a fresh temporary folder, or --cache-dir to time a warm one), then sends one 64-token
 greedy completion to the default model every --every seconds, one at a time, until /health lists
-nothing compiling (or --max-s). Reports /health's time, the completions' latency while compiling and
-after, when compiling ended, what the server logged per compiled pass, and the server's resident
-memory when ready and when done. Run it on an idle machine: compiling is CPU work.
+nothing loading or compiling (or --max-s). Reports /health's time, when every model had loaded, the
+completions' latency while compiling and after, when compiling ended, what the server logged per
+compiled pass, and the server's resident memory when ready and when done. Run it on an idle machine:
+compiling is CPU work.
 """
 
 from __future__ import annotations
@@ -57,12 +58,15 @@ def main() -> None:
             health_s = time.monotonic() - t0
             rss_ready = rss_mib(proc.pid)
             during: list[tuple[float, float]] = []  # (seconds since start, latency)
-            compiled_s = None
+            compiled_s = loaded_s = None
             while time.monotonic() - t0 < args.max_s:
                 t = time.monotonic()
                 client.post(f"{base}/generate", json=BODY).raise_for_status()
                 during.append((t - t0, time.monotonic() - t))
-                if not client.get(f"{base}/health").json()["compiling"]:
+                health = client.get(f"{base}/health").json()
+                if loaded_s is None and not health["loading"]:
+                    loaded_s = time.monotonic() - t0
+                if not health["loading"] and not health["compiling"]:
                     compiled_s = time.monotonic() - t0
                     break
                 time.sleep(max(0.0, args.every - (time.monotonic() - t)))
@@ -86,6 +90,7 @@ def main() -> None:
     print("| measure | value |")
     print("|---|---|")
     print(f"| /health 200 after | {health_s:.1f} s |")
+    print(f"| every model loaded after (first /health that lists none loading) | {loaded_s or float('nan'):.1f} s |")
     print(f"| first 64-token completion (right after /health) | {first:.2f} s |")
     print(
         f"| 64-token completions while compiling (n={len(latencies)}): median / p90 / max | "

@@ -97,9 +97,8 @@ def main() -> None:
     )
     registry.load_all()
     registry.start()
+    registry.compiled.wait()
     served = registry.get(args.model)
-    if served.compiler is not None:
-        served.compiler.done.wait()
     print(f"dtype {next(served.model.parameters()).dtype}, compiled buckets {sorted(served.runner.step.compiled)}")
     for n in rows:
         ms, table = step_alone(served, registry.compute, n, args.steps)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts.processes import free_port, wait_healthy
+from scripts.processes import free_port, wait_healthy, wait_loaded
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "localhost/debian:bookworm"
@@ -142,6 +142,7 @@ def serve_and_check(tag: str) -> float:
         completion = httpx.post(f"{base}/generate", json=body, timeout=120)
         completion.raise_for_status()
         print("completion:", repr(completion.json()["generated_text"]))
+        print(f"every model loaded {wait_loaded(base, 120):.1f} s after /health 200")  # fill-mask: 503 before
         fill = httpx.post(f"{base}/fill-mask", json={"inputs": "Mi <mask> vin.", "variant": "both"}, timeout=120)
         fill.raise_for_status()
         for model, candidates in fill.json()["results"].items():

@@ -63,6 +63,16 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, output: Ca
     raise AssertionError(f"server did not become healthy in {timeout_s:.0f} s")
 
 
+def wait_loaded(base: str, timeout_s: float) -> float:
+    """Seconds until `base`/health lists nothing loading (the models behind the default one)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if not httpx.get(f"{base}/health", timeout=5).json().get("loading"):
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"models still loading after {timeout_s:.0f} s")
+
+
 def server_output(proc: subprocess.Popen) -> str:
     """Everything an `http_server` process has printed so far."""
     proc.log.seek(0)

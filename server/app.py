@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings, app.state.registry, app.state.ready = settings, registry, False
-    app.state.metrics = metrics = Metrics(registry.models)
+    app.state.metrics = metrics = Metrics(lambda: registry.models)
     install_error_handlers(app)
     app.include_router(models.router)
     app.include_router(generate.router)

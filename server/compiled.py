@@ -13,7 +13,7 @@ session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is 
 mode="reduce-overhead", which replays it as a CUDA graph.
 
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
-compute thread has work: `YieldToRequests`), on scratch tensors of the bucket's shapes, and
+compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and
 checked against the eager step before the engine may use it: a failure or a mismatch logs a line and
 leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
 bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
@@ -23,12 +23,9 @@ compile at every start (the cache serves CUDA's graphs), as measured in docs/BEN
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import sys
 import threading
 import time
 import types
@@ -111,53 +108,6 @@ def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tens
     from them may differ where two logits tie within the tolerance)."""
     outputs = output if isinstance(output, tuple) else (output,)
     return [t.float() for t in outputs if t.is_floating_point()]
-
-
-class YieldToRequests:
-    """The compiling thread's trace function: at each Python call, requests go first.
-
-    Compiling is Python (dynamo's tracing, inductor's code generation) on the thread beside the compute
-    thread, and the compute thread takes the GIL back after each torch op: with a compiling thread that
-    never waits, every take can cost a whole switch interval (5 ms). So while the compute thread has
-    work, compiling waits; under load that never ends, it runs `slice_s` out of every
-    `patience_s + slice_s` seconds, so that a busy server still gets its compiled steps.
-    """
-
-    def __init__(self, idle: threading.Event, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
-        self.idle = idle
-        self.patience_s, self.slice_s = patience_s, slice_s
-        self.slice_end = 0.0
-        self.waited_s = 0.0  # time compiling gave to requests
-
-    def __call__(self, frame: types.FrameType, event: str, arg: object) -> None:
-        if self.idle.is_set() or time.monotonic() < self.slice_end:
-            return None  # None: no line events for this frame
-        t = time.monotonic()
-        if not self.idle.wait(self.patience_s):
-            self.slice_end = time.monotonic() + self.slice_s
-        self.waited_s += time.monotonic() - t
-        return None
-
-
-def compile_in_background(compilers: list[BackgroundCompiler], idle: threading.Event) -> threading.Thread:
-    """Run each compiler in turn on one thread that yields to the compute thread (`idle` set when it has
-    no work) and runs at the lowest CPU priority, as do the compiler processes it starts."""
-
-    def run() -> None:
-        with contextlib.suppress(OSError):  # a thread's own niceness (Linux); its children inherit it
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        gate = YieldToRequests(idle)
-        sys.settrace(gate)
-        try:
-            for compiler in compilers:
-                compiler.run()
-        finally:
-            sys.settrace(None)
-            log.info("compiling done; it waited %.1f s for requests", gate.waited_s)
-
-    thread = threading.Thread(target=run, name="compiler", daemon=True)
-    thread.start()
-    return thread
 
 
 class BackgroundCompiler:

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import logging
+import os
+import sys
 import threading
+import time
+import types
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 import torch
+
+log = logging.getLogger("tinyserve")
 
 
 class Scheduler(Protocol):
@@ -141,3 +149,50 @@ class ComputeThread:
                     engine.run_once()
         for engine in self._engines:
             engine.cancel_all("server shutting down")
+
+
+class YieldToRequests:
+    """A background thread's trace function: at each Python call, requests go first.
+
+    Background work (loading models behind /health's 200, compiling: dynamo's tracing, inductor's code
+    generation) is Python on a thread beside the compute thread, and the compute thread takes the GIL
+    back after each torch op: with a thread that never waits, every take can cost a whole switch
+    interval (5 ms). So while the compute thread has work, the background thread waits; under load
+    that never ends, it runs `slice_s` out of every `patience_s + slice_s` seconds, so that a busy
+    server still gets its models and compiled steps.
+    """
+
+    def __init__(self, idle: threading.Event, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
+        self.idle = idle
+        self.patience_s, self.slice_s = patience_s, slice_s
+        self.slice_end = 0.0
+        self.waited_s = 0.0  # time the background work gave to requests
+
+    def __call__(self, frame: types.FrameType, event: str, arg: object) -> None:
+        if self.idle.is_set() or time.monotonic() < self.slice_end:
+            return None  # None: no line events for this frame
+        t = time.monotonic()
+        if not self.idle.wait(self.patience_s):
+            self.slice_end = time.monotonic() + self.slice_s
+        self.waited_s += time.monotonic() - t
+        return None
+
+
+def behind_requests(work: Callable[[], None], idle: threading.Event, name: str = "background") -> threading.Thread:
+    """Run `work` on a thread that yields to the compute thread (`idle` set when it has no work) and
+    runs at the lowest CPU priority, as do the processes it starts (inductor's compile workers)."""
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # a thread's own niceness (Linux); its children inherit it
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        gate = YieldToRequests(idle)
+        sys.settrace(gate)
+        try:
+            work()
+        finally:
+            sys.settrace(None)
+            log.info("%s work done; it waited %.1f s for requests", name, gate.waited_s)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -6,14 +6,16 @@ from the engines when /metrics is scraped, by a custom collector.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
 class EngineCollector(Collector):
-    def __init__(self, models: dict) -> None:
-        self.models = models
+    def __init__(self, models: Callable[[], dict]) -> None:
+        self.models = models  # read at each scrape: the registry replaces its dict as models load
 
     def collect(self):
         queue = GaugeMetricFamily("tinyserve_queue_size", "requests waiting for a batch slot", labels=["model"])
@@ -22,7 +24,7 @@ class EngineCollector(Collector):
         steps = CounterMetricFamily("tinyserve_decode_steps", "batched decode steps", labels=["model"])
         prefills = CounterMetricFamily("tinyserve_prefill_passes", "batched prompt prefills", labels=["model"])
         finished = CounterMetricFamily("tinyserve_generations", "finished generations", labels=["model", "reason"])
-        for m in self.models.values():
+        for m in self.models().values():
             if m.engine is not None:
                 queue.add_metric([m.id], m.engine.stats.queued)
                 batch.add_metric([m.id], m.engine.stats.running)
@@ -35,7 +37,7 @@ class EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, models: dict) -> None:
+    def __init__(self, models: Callable[[], dict]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("tinyserve_requests", "HTTP requests", ["path", "status"], registry=self.registry)
         self.latency = Histogram(

@@ -1,18 +1,26 @@
-"""The models being served: loaded from the store at start-up, with the reasons for any refusal."""
+"""The models being served: loaded from the store at start-up, with the reasons for any refusal.
+
+A newcomer's server answers within seconds: /health says ready once the default completion model is
+loaded and warmed up (`ready_after="default"`); the other checkpoints load behind it, then every
+model compiles, all on one background thread that yields to requests. A request for a model still
+loading gets 503 with Retry-After (`ModelLoadingError`). `models` and `failed` are replaced, never
+changed in place: routes on the event loop iterate them while that thread adds to them.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from model_store import CheckpointError, list_checkpoints, load_mlm, resolve
+from model_store import CheckpointError, CheckpointInfo, list_checkpoints, load_mlm, resolve
 from models.device import resolve_device
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler, cache_key, compile_in_background
-from server.compute import ComputeThread
+from server.compiled import BackgroundCompiler, cache_key
+from server.compute import ComputeThread, behind_requests
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
@@ -23,6 +31,15 @@ log = logging.getLogger("tinyserve")
 
 class UnknownModelError(LookupError):
     """No servable model by that id (the HTTP layer answers 404)."""
+
+
+class ModelLoadingError(LookupError):
+    """The model is loading behind /health's 200 (the HTTP layer answers 503 with Retry-After)."""
+
+
+def kind_of(architecture: str | None) -> str | None:
+    """The family a checkpoint's architecture serves as: "gpt" (causal LMs), "mlm", or None (unsupported)."""
+    return "gpt" if architecture in CAUSAL_ARCHITECTURES else "mlm" if architecture == "mlm" else None
 
 
 @dataclass(kw_only=True)
@@ -62,40 +79,61 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 @dataclass
 class ModelRegistry:
     settings: Settings
-    models: dict[str, ServedModel] = field(default_factory=dict)
+    models: dict[str, ServedModel] = field(default_factory=dict)  # in store order
     failed: dict[str, str] = field(default_factory=dict)  # id -> why it is not served
+    loading: dict[str, str] = field(default_factory=dict)  # id -> kind, for checkpoints loading behind ready
+    order: list[str] = field(default_factory=list)  # the requested checkpoints' ids, in store order
     compute: ComputeThread = field(default_factory=ComputeThread)  # every torch op of the models runs on it
+    loaded: threading.Event = field(default_factory=threading.Event)  # set when nothing is left loading
+    compiled: threading.Event = field(default_factory=threading.Event)  # set when compiling is over too
+    _behind: list[CheckpointInfo] = field(default_factory=list)  # what start's background thread loads
 
     def load_all(self) -> None:
-        """Load every requested checkpoint on the compute thread (started here); a bad one is refused."""
+        """Load what /health waits for on the compute thread (started here): the default completion model
+        (the first valid causal checkpoint in store order), or with ready_after="all" every checkpoint.
+        The others are left to `start`; a bad checkpoint is refused."""
         self.compute.start()
-        self.compute.call(self._load_all)
+        wanted = set(self.settings.models) if self.settings.models else None
+        found = list_checkpoints(self.settings.store)
+        for missing in sorted((wanted or set()) - {info.id for info in found}):
+            self.failed = {**self.failed, missing: f"{missing}: no such checkpoint in the model store"}
+        infos = [info for info in found if wanted is None or info.id in wanted]
+        self.order = [info.id for info in infos]
+        now = infos
+        if self.settings.ready_after == "default":
+            gpts = [info for info in infos if info.ok and kind_of(info.architecture) == "gpt"]
+            now = gpts[:1] or infos[:1]
+        self._behind = [info for info in infos if info not in now]
+        self.loading = {info.id: kind_of(info.architecture) or "" for info in self._behind}
+        for info in now:
+            self.compute.call(self._load_checkpoint, info)
+        if not self._behind:
+            self.loaded.set()
 
-    def _load_all(self) -> None:
+    def _load_checkpoint(self, info: CheckpointInfo) -> ServedModel | None:
+        """Load one checkpoint into `models` (on the compute thread), or record why it is refused."""
         device = resolve_device(self.settings.device)
         dtype = resolve_dtype(self.settings.dtype, device)
-        wanted = set(self.settings.models) if self.settings.models else None
-        found = {info.id: info for info in list_checkpoints(self.settings.store)}
-        for missing in (wanted or set()) - set(found):
-            self.failed[missing] = f"{missing}: no such checkpoint in the model store"
-        for info in found.values():
-            if wanted is not None and info.id not in wanted:
-                continue
-            try:
-                if not info.ok:
-                    raise CheckpointError(info.path, info.error or "invalid")
-                self.models[info.id] = served = self._load(info.id, info.path, info.architecture, device, dtype)
-                self.compute.guard(served.model)
-                if served.engine is not None:
-                    self.compute.attach(served.engine)
-                log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
-            except CheckpointError as e:
-                log.error("refused %s: %s", info.id, e)
-                # clients see paths inside the store only (/health is public): no machine layout
-                message = str(e)
-                for root in {str(Path(self.settings.store)), str(Path(self.settings.store).resolve())}:
-                    message = message.replace(f"{root}/", "")
-                self.failed[info.id] = message
+        served = None
+        try:
+            if not info.ok:
+                raise CheckpointError(info.path, info.error or "invalid")
+            served = self._load(info.id, info.path, info.architecture, device, dtype)
+            self.compute.guard(served.model)
+            if served.engine is not None:
+                self.compute.attach(served.engine)
+            added = {**self.models, info.id: served}
+            self.models = {i: added[i] for i in self.order if i in added}
+            log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
+        except CheckpointError as e:
+            log.error("refused %s: %s", info.id, e)
+            # clients see paths inside the store only (/health is public): no machine layout
+            message = str(e)
+            for root in {str(Path(self.settings.store)), str(Path(self.settings.store).resolve())}:
+                message = message.replace(f"{root}/", "")
+            self.failed = {**self.failed, info.id: message}
+        self.loading = {i: kind for i, kind in self.loading.items() if i != info.id}
+        return served
 
     def _load(
         self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
@@ -151,20 +189,48 @@ class ModelRegistry:
         raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
 
     def start(self) -> None:
-        """Warm every model up with one tiny request, then compile their fixed-shape passes in the background:
-        one model after another on one thread that yields to requests, the default models first (what a
-        request without a model id gets)."""
-        s = self.settings
+        """Warm the loaded models up with one tiny request each, then start the background thread (it
+        yields to requests): it loads and warms the other checkpoints, then compiles every model's
+        fixed-shape passes, the default models first (what a request without a model id gets)."""
         for m in self.models.values():
-            if m.runner is not None:
-                m.engine.generate([m.runner.facts.eos_id], SamplingParams(max_new_tokens=2, temperature=0))
-            else:
-                self.compute.call(self._warm_up_mlm, m)
-        if not s.compile_models:
-            return
+            self._warm_up(m)
+        if self._behind or self.settings.compile_models:
+            behind_requests(self._behind_ready, self.compute.idle, "loader")
+        else:
+            self.compiled.set()
+
+    def _behind_ready(self) -> None:
+        try:
+            for info in self._behind:
+                try:
+                    if kind_of(info.architecture) == "mlm":
+                        import models.esperberto.model  # noqa: F401  # transformers' 2 s import, off the compute thread
+                    if (served := self.compute.call(self._load_checkpoint, info)) is not None:
+                        self._warm_up(served)
+                except Exception as e:  # the server keeps serving what it has; /health lists the failure
+                    log.exception("could not load %s", info.id)
+                    self.failed = {**self.failed, info.id: f"could not load: {type(e).__name__}: {e}"}
+                    self.loading = {i: kind for i, kind in self.loading.items() if i != info.id}
+            self.loaded.set()
+            if self.settings.compile_models:
+                for compiler in self._compilers():
+                    compiler.run()
+        finally:
+            self.loaded.set()
+            self.compiled.set()
+
+    def _warm_up(self, m: ServedModel) -> None:
+        if m.runner is not None:
+            m.engine.generate([m.runner.facts.eos_id], SamplingParams(max_new_tokens=2, temperature=0))
+        else:
+            self.compute.call(self._warm_up_mlm, m)
+
+    def _compilers(self) -> list[BackgroundCompiler]:
+        """One compiler per compilable model: the default GPT, the default MLM, then the rest."""
+        s = self.settings
         defaults = [self.models_of(kind)[0].id for kind in ("gpt", "mlm") if self.models_of(kind)]
         compilers = []
-        first = {model_id: i for i, model_id in enumerate(defaults)}  # the default GPT, then the default MLM
+        first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
             compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
             if m.encoder_step is not None:
@@ -177,8 +243,7 @@ class ModelRegistry:
             key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
             m.compiler = BackgroundCompiler(target, order, cache_dir, key)
             compilers.append(m.compiler)
-        if compilers:
-            compile_in_background(compilers, self.compute.idle)
+        return compilers
 
     @staticmethod
     @torch.inference_mode()
@@ -194,7 +259,10 @@ class ModelRegistry:
             resolve(model_id, self.settings.store)  # plain names only: never a path
         except CheckpointError:
             raise UnknownModelError(f"model {model_id!r} is not a valid model id") from None
+        loading = self.loading  # read before models: a checkpoint joins models before it leaves loading
         m = self.models.get(model_id)
+        if m is None and model_id in loading:
+            raise ModelLoadingError(f"model {model_id!r} is loading; retry in a few seconds")
         if m is None:
             why = self.failed.get(model_id)
             raise UnknownModelError(f"model {model_id!r} is not served" + (f" ({why})" if why else ""))
@@ -202,11 +270,21 @@ class ModelRegistry:
             raise UnknownModelError(f"model {model_id!r} is a {m.kind} model; this endpoint needs a {kind} model")
         return m
 
+    def compiling(self) -> list[str]:
+        """Served models whose compiled passes are not all built yet (eager serves them meanwhile)."""
+        if not self.settings.compile_models or self.compiled.is_set():
+            return []
+        return [m.id for m in self.models.values() if m.compiler is None or not m.compiler.done.is_set()]
+
     def models_of(self, kind: str) -> list[ServedModel]:
         return [m for m in self.models.values() if m.kind == kind]
 
     def default(self, kind: str) -> ServedModel:
-        """The first served model of the kind: what a request that names no model gets."""
-        if not (served := self.models_of(kind)):
+        """The first model of the kind in store order: what a request that names no model gets."""
+        loading = self.loading  # before models, as in `get`
+        models = self.models
+        kinds = {i: models[i].kind if i in models else loading.get(i) for i in self.order}
+        first = next((i for i in self.order if kinds[i] == kind), None)
+        if first is None:
             raise UnknownModelError(f"no {kind} model is served")
-        return served[0]
+        return self.get(first)

@@ -20,9 +20,10 @@ from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine import Event, FinishEvent, QueueFullError, TokenEvent
 from server.errors import APIError
-from server.registry import ModelRegistry, ServedModel, UnknownModelError
+from server.registry import ModelLoadingError, ModelRegistry, ServedModel, UnknownModelError
 
 RETRY_AFTER_S = "1"
+LOADING_RETRY_AFTER_S = "5"  # a checkpoint loads behind /health's 200 in a few seconds
 VARIANTS = {"softmax0": ["softmax0"], "softmax1": ["softmax1"], "both": ["softmax0", "softmax1"]}
 
 
@@ -48,11 +49,18 @@ class CompletionJob:
 
 
 def find_model(registry: ModelRegistry, model_id: str | None, kind: str | None, field: str) -> ServedModel:
-    """The requested model, or the default one of that kind; unknown ids are 404s naming the field."""
+    """The requested model, or the default one of that kind; unknown ids are 404s naming the field, a
+    model still loading a 503 with Retry-After."""
     try:
         return registry.get(model_id, kind) if model_id is not None else registry.default(kind)
     except UnknownModelError as e:
         raise APIError(404, f"{field}: {e}", field, "not_found") from None
+    except ModelLoadingError as e:
+        raise loading_error(field, str(e)) from None
+
+
+def loading_error(field: str, message: str) -> APIError:
+    return APIError(503, f"{field}: {message}", field, "loading", {"Retry-After": LOADING_RETRY_AFTER_S})
 
 
 def fill_mask_models(registry: ModelRegistry, model_id: str | None, variant: str) -> list[ServedModel]:
@@ -62,6 +70,8 @@ def fill_mask_models(registry: ModelRegistry, model_id: str | None, variant: str
     wanted = VARIANTS[variant]
     served = {m.normaliser: m for m in reversed(registry.models.values()) if m.kind == "mlm"}  # first wins
     missing = [v for v in wanted if v not in served]
+    if missing and "mlm" in registry.loading.values():
+        raise loading_error("variant", "the fill-mask models are loading; retry in a few seconds")
     if missing:
         raise APIError(404, f"variant: no {' or '.join(missing)} fill-mask model is served", "variant", "not_found")
     return [served[v] for v in wanted]

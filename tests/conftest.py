@@ -15,9 +15,12 @@ from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.tokenizer import train_bpe
 
 # Servers built by the tests run float32 and eager unless a test asks otherwise: exact comparisons
-# with transformers, and no background compilation competing with the suite for the CPU.
+# with transformers, and no background compilation competing with the suite for the CPU. They are
+# ready once every model is loaded, since a route test may call any model at once
+# (tests/test_background_loading.py covers the default: ready after the default model).
 os.environ.setdefault("TINYSERVE_DTYPE", "float32")
 os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
+os.environ.setdefault("TINYSERVE_READY_AFTER", "all")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_WIKI = FIXTURES / "tiny_wiki"

@@ -159,7 +159,7 @@ def test_stream_latency_is_observed_at_its_last_event(monkeypatch):
     async def ignore(message):
         pass
 
-    metrics = Metrics({})
+    metrics = Metrics(dict)
     scope = {"type": "http", "path": "/s", "method": "GET", "headers": []}
     asyncio.run(middleware.RequestMetrics(streaming_app, metrics)(dict(scope), None, ignore))
     with pytest.raises(RuntimeError):

@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from server.compiled import YieldToRequests
+from server.compute import YieldToRequests
 from server.config import Settings
 from server.registry import ModelRegistry
 
@@ -61,11 +61,12 @@ def test_the_default_models_compile_first(store, tmp_path, monkeypatch):
     for src, dst in [("tiny-mlm-softmax1", "a-mlm"), ("tiny-gpt", "b-gpt"), ("tiny-mlm-softmax0", "c-mlm")]:
         shutil.copytree(store / src, ordered / dst)
     seen = []
-    monkeypatch.setattr("server.registry.compile_in_background", lambda compilers, idle: seen.extend(compilers))
+    monkeypatch.setattr("server.registry.BackgroundCompiler.run", lambda compiler: seen.append(compiler))
     registry = ModelRegistry(Settings(store=ordered, compile_models=True, compile_max_batch=1))
     registry.load_all()
     try:
         registry.start()
+        assert registry.compiled.wait(60)
         assert list(registry.models) == ["a-mlm", "b-gpt", "c-mlm"]
         targets = [c.target for c in seen]
         assert targets == [

@@ -68,11 +68,16 @@ async def get_model_card_image(model_id: str, name: str, registry: Registry) -> 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})
 async def health(request: Request, registry: Registry) -> JSONResponse:
-    """200 once the models are loaded and warmed up, 503 before; lists refused checkpoints."""
+    """200 once the default model (with ready_after="all", every model) is loaded and warmed up, 503
+    before; lists the models loading behind it, those compiling, and refused checkpoints."""
     ready = bool(getattr(request.app.state, "ready", False))
-    compiling = [m.id for m in registry.models.values() if m.compiler is not None and not m.compiler.done.is_set()]
+    loading = list(registry.loading)  # before models, as the registry reads them
     body = Health(
-        status="ok" if ready else "loading", models=list(registry.models), failed=registry.failed, compiling=compiling
+        status="ok" if ready else "loading",
+        models=list(registry.models),
+        failed=registry.failed,
+        loading=loading,
+        compiling=registry.compiling(),
     )
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 

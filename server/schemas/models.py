@@ -35,6 +35,7 @@ class Health(BaseModel):
     status: str = Field(description="ok or loading")
     models: list[str]
     failed: dict[str, str] = Field(description="checkpoints refused at start-up, with the reason")
+    loading: list[str] = Field([], description="models loading behind the default one (a request for one gets 503)")
     compiling: list[str] = Field(
         [], description="models whose compiled decode steps are still being built (eager serves)"
     )
