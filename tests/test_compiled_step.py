@@ -186,17 +186,24 @@ def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
     assert inductor_settings(cpu, most) == few_rows != inductor_settings(cpu, most + 1)
 
 
-def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template():
+def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatch):
     from torch._inductor.utils import run_and_get_code
+
+    def generated_code() -> str:
+        with torch._inductor.config.patch(force_disable_caches=True):
+            _, code = run_and_get_code(BackgroundCompiler(engine.runner.step, [1], None, "test").build, 1)
+        return "\n".join(code)  # build checked it against eager, within the tolerance
 
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        with torch._inductor.config.patch(force_disable_caches=True):
-            _, code = run_and_get_code(BackgroundCompiler(engine.runner.step, [1], None, "test").build, 1)
+        template = generated_code()
+        monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)
+        prepacked = generated_code()
     finally:
         engine.stop()
-    assert "CppMicroGemm" in "\n".join(code)  # checked against eager by build, within the tolerance
+    # prepacked: oneDNN's linear in bf16, MKL's in float32 (this test's dtype)
+    assert "micro_gemm" in template and "micro_gemm" not in prepacked and "_linear" in prepacked
 
 
 def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears(monkeypatch):
