@@ -12,6 +12,7 @@ from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from tests.conftest import FIXTURES
 from training import SHARED_DATA
+from training.data import detokenize_wikitext
 from training.eos import eos_lengths
 from training.variants import variant_overrides
 
@@ -23,7 +24,8 @@ def unigram_ppl(tokenizer, paragraph_ids: list[int]) -> tuple[float, str]:
     """Add-one-smoothed unigram perplexity: fitted on WikiText-2 train when present, else on the
     paragraph itself (an oracle that knows the paragraph's own token frequencies: a harder bar)."""
     if WIKITEXT_TRAIN.exists():
-        counts = Counter(tokenizer.encode(WIKITEXT_TRAIN.read_text()[:2_000_000], add_special_tokens=False).ids)
+        train = detokenize_wikitext(WIKITEXT_TRAIN.read_text()[:2_000_000])  # the text the model was trained on
+        counts = Counter(tokenizer.encode(train, add_special_tokens=False).ids)
         source = "wikitext-2 train"
     else:
         counts, source = Counter(paragraph_ids), "the paragraph itself"
@@ -41,7 +43,8 @@ def test_shipped_checkpoint_is_listed_valid():
 
 def test_shipped_checkpoint_beats_unigram_and_completes_fluently():
     model, tok = load_gpt(SHIPPED)
-    paragraph = (FIXTURES / "heldout_paragraph.txt").read_text()
+    # the fixture is in WikiText's tokenised form; the model reads plain English (docs/TRAINING.md)
+    paragraph = detokenize_wikitext((FIXTURES / "heldout_paragraph.txt").read_text())
     ids = tok.encode(paragraph, add_special_tokens=False).ids
     x = torch.tensor([[eos_id(tok)] + ids[:-1]])
     with torch.no_grad():
