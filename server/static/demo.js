@@ -31,7 +31,9 @@ function describe(m) {
 async function loadModels() {
   served.models = (await (await get("/models")).json()).data;
   const fill = (select, list) => {
+    const chosen = select.value;
     select.replaceChildren(...list.map((m) => new Option(`${m.id} (${describe(m)})`, m.id)));
+    if (list.some((m) => m.id === chosen)) select.value = chosen;
   };
   fill($("gen-model"), served.models.filter((m) => m.kind === "gpt"));
   fill($("att-model"), served.models);
@@ -41,6 +43,9 @@ async function loadModels() {
     defaultEosBias = (await (await get("/info")).json()).default_eos_bias;
   } catch (_) { /* the snippets then assume 0 */ }
   updateApiPanel();
+  try {  // the other checkpoints load behind the default one: list them as they arrive
+    if (((await (await get("/health")).json()).loading || []).length) setTimeout(loadModels, 2000);
+  } catch (_) { /* not ready or draining: the lists stay as they are */ }
 }
 
 function updateLayerHead() {
