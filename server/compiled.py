@@ -162,7 +162,7 @@ class BackgroundCompiler:
             if settings == fallback:
                 raise
             # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
-            log.warning("%s: C++ GEMM template failed (%s); oneDNN's linear layers instead", self.label(bucket), e)
+            log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled, got = self.compile(bucket, fallback)
         expected = floating(self.target.eager(*self.target.example(bucket)))
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))

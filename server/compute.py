@@ -55,7 +55,7 @@ class ComputeThread:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.idle = threading.Event()  # set while the thread waits for work (compiling runs then)
+        self.idle = threading.Event()  # set while the thread waits for work (background work runs then)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -132,8 +132,12 @@ class ModelRegistry:
             for root in {str(Path(self.settings.store)), str(Path(self.settings.store).resolve())}:
                 message = message.replace(f"{root}/", "")
             self.failed = {**self.failed, info.id: message}
-        self.loading = {i: kind for i, kind in self.loading.items() if i != info.id}
+        self._loaded(info.id)
         return served
+
+    def _loaded(self, model_id: str) -> None:
+        """The checkpoint is served or refused now: no longer loading (after `models` or `failed` has it)."""
+        self.loading = {i: kind for i, kind in self.loading.items() if i != model_id}
 
     def _load(
         self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
@@ -210,8 +214,8 @@ class ModelRegistry:
                 except Exception as e:  # the server keeps serving what it has; /health lists the failure
                     log.exception("could not load %s", info.id)
                     self.failed = {**self.failed, info.id: f"could not load: {type(e).__name__}: {e}"}
-                    self.loading = {i: kind for i, kind in self.loading.items() if i != info.id}
-            self.loaded.set()
+                    self._loaded(info.id)
+            self.loaded.set()  # before compiling: what `loaded.wait()` callers wait for
             if self.settings.compile_models:
                 for compiler in self._compilers():
                     compiler.run()
