@@ -7,7 +7,8 @@ cost as much as the matrix products at 32 rows). One compiled graph serves each 
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
 Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
 a compiled graph (and on CUDA, a captured graph) needs. Until a b's compiled step is ready
-(server/compiled.py builds them off the request path), the same step runs eagerly. The step takes the
+(server/compiled.py builds them off the request path), the same step runs eagerly (on the CPU in bf16
+with prepacked linear layers: server/prepacked.py). The step takes the
 cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
 weights must see the cache as inputs it mutates, not as constants.
 """
@@ -21,6 +22,7 @@ import torch
 from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.sampling import greedy_choice
+from server.prepacked import prepacked_copy
 from server.runners.base import StepOutput
 
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
@@ -66,6 +68,8 @@ class DecodeStep:
         self.context = model.config.context_length
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        # what a bucket runs until its compiled step is ready; the compiler traces the plain model's step
+        self.uncompiled = eager_step(prepacked_copy(model), model.config.n_layer)
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
             # one spare column: every view of the first S <= context columns is then strided alike; a view
             # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
@@ -131,5 +135,5 @@ class DecodeStep:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 greedy, logprobs, logits = self.compiled[rows](tok, pos, bias, *cache)
         else:
-            greedy, logprobs, logits = self.eager(tok, pos, bias, *cache)
+            greedy, logprobs, logits = self.uncompiled(tok, pos, bias, *cache)
         return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])

@@ -1,0 +1,54 @@
+"""The uncompiled decode step's linear layers, prepacked for oneDNN (bf16 on the CPU).
+
+Until a row bucket's compiled step is ready (a minute or more after start-up), its requests run the
+eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call: the one-row
+step of gpt-wikitext2 took 11.8 ms eager against 5.8 ms with prepacked layers (docs/BENCHMARKS.md,
+session 15). Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy
+of the model that shares every other tensor, so the compiler still traces the plain model.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import torch
+import torch.nn as nn
+
+
+class PrepackedLinear(nn.Module):
+    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)  # tuned for 1 row
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def prepacks(model: nn.Module) -> bool:
+    """Whether prepacking applies: bf16 weights on a CPU with oneDNN (float32 eager runs MKL's GEMM as
+    it is; CUDA has no reorder)."""
+    p = next(model.parameters())
+    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+def prepacked_copy(model: nn.Module) -> nn.Module:
+    """The model with every nn.Linear prepacked, sharing all its other parameters and buffers; the
+    model itself where prepacking does not apply. Copy before allocating a cache on the model."""
+    if not prepacks(model):
+        return model
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    packed = copy.deepcopy(model, shared)
+    _prepack(packed)
+    return packed
+
+
+def _prepack(module: nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, PrepackedLinear(child))
+        else:
+            _prepack(child)
