@@ -3,12 +3,12 @@
     .venv/bin/python bench/bench_startup.py [--models gpt-wikitext2,...] [--max-s 900] [--cache-dir DIR]
 
 Starts `python -m server` over the shipped store (every checkpoint unless --models) with an empty
-compile cache and inductor cache (fresh temporary folders, or --cache-dir to time a warm one), then sends one 64-token
-greedy completion to the default model every --every seconds, one at a time, until /health lists
-nothing loading or compiling (or --max-s). Reports /health's time, when every model had loaded, the
-completions' latency while compiling and after, when compiling ended, what the server logged per
-compiled pass, and the server's resident memory when ready and when done. Run it on an idle machine:
-compiling is CPU work.
+compile cache and inductor cache (fresh temporary folders, or --cache-dir to time a warm one), then
+sends one 64-token greedy completion to the default model every --every seconds, one at a time,
+until /health lists nothing loading or compiling (or --max-s). Reports /health's time, when every
+model had loaded, the completions' latency while compiling and after, when compiling ended, what the
+server logged per compiled pass, and the server's resident memory when ready and when done. Run it
+on an idle machine: compiling is CPU work.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ traced by torch.compile like any aten op); elsewhere it dequantizes into the mat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,12 +35,17 @@ class WeightOnlyInt8Linear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Every nn.Linear of the module becomes make(linear), in place."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make(child))
+        else:
+            replace_linears(child, make)
+    return module
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Every nn.Linear of the model becomes a WeightOnlyInt8Linear, in place (a head tied to the
     embedding gets an int8 copy; the embedding keeps its weights)."""
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(model, name, WeightOnlyInt8Linear(child))
-        else:
-            quantize_int8(child)
-    return model
+    return replace_linears(model, WeightOnlyInt8Linear)

@@ -16,6 +16,8 @@ import itertools
 import torch
 import torch.nn as nn
 
+from models.quantize import replace_linears
+
 
 class PrepackedLinear(nn.Module):
     """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
@@ -38,18 +40,9 @@ def prepacks(model: nn.Module) -> bool:
 
 def prepacked_copy(model: nn.Module) -> nn.Module:
     """The model with every nn.Linear prepacked, sharing all its other parameters and buffers; the
-    model itself where prepacking does not apply. Copy before allocating a cache on the model."""
-    if not prepacks(model):
+    model itself where prepacking does not apply or finds no nn.Linear (int8 weights). Copy before
+    allocating a cache on the model."""
+    if not prepacks(model) or not any(isinstance(m, nn.Linear) for m in model.modules()):
         return model
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    packed = copy.deepcopy(model, shared)
-    _prepack(packed)
-    return packed
-
-
-def _prepack(module: nn.Module) -> None:
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(module, name, PrepackedLinear(child))
-        else:
-            _prepack(child)
+    return replace_linears(copy.deepcopy(model, shared), PrepackedLinear)

@@ -9,6 +9,7 @@ changed in place: routes on the event loop iterate them while that thread adds t
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -110,10 +111,15 @@ class ModelRegistry:
         if not self._behind:
             self.loaded.set()
 
+    @functools.cached_property
+    def placement(self) -> tuple[torch.device, torch.dtype]:
+        """Where, and in what dtype, every model is served (the `device` and `dtype` settings)."""
+        device = resolve_device(self.settings.device)
+        return device, resolve_dtype(self.settings.dtype, device)
+
     def _load_checkpoint(self, info: CheckpointInfo) -> ServedModel | None:
         """Load one checkpoint into `models` (on the compute thread), or record why it is refused."""
-        device = resolve_device(self.settings.device)
-        dtype = resolve_dtype(self.settings.dtype, device)
+        device, dtype = self.placement
         served = None
         try:
             if not info.ok:
@@ -143,13 +149,14 @@ class ModelRegistry:
         self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
     ) -> ServedModel:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
-        if arch in CAUSAL_ARCHITECTURES:
+        kind = kind_of(arch)
+        if kind == "gpt":
             s = self.settings
             runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights)
             f = runner.facts
             return ServedModel(
                 id=model_id,
-                kind="gpt",
+                kind=kind,
                 model=runner.model,
                 tokenizer=runner.tokenizer,
                 folder=folder,
@@ -163,7 +170,7 @@ class ModelRegistry:
                 runner=runner,
                 engine=GenerationEngine(runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens),
             )
-        if arch == "mlm":
+        if kind == "mlm":
             from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
 
             model, tok = load_mlm(folder, device, dtype)
@@ -173,7 +180,7 @@ class ModelRegistry:
             c = model.config
             return ServedModel(
                 id=model_id,
-                kind="mlm",
+                kind=kind,
                 model=model,
                 tokenizer=tok,
                 folder=folder,
