@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ class ComputeThread:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.idle = threading.Event()  # set while the thread waits for work (background work runs then)
+        self.busy = threading.Event()  # its complement: set while the thread has work
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -130,9 +132,11 @@ class ComputeThread:
         while True:
             with self._wake:
                 while not self._stopping and not self._jobs and not any(e.has_work() for e in self._engines):
+                    self.busy.clear()
                     self.idle.set()
                     self._wake.wait()
                 self.idle.clear()
+                self.busy.set()
                 jobs = list(self._jobs)
                 self._jobs.clear()
                 stopping = self._stopping
@@ -178,20 +182,94 @@ class YieldToRequests:
         return None
 
 
-def behind_requests(work: Callable[[], None], idle: threading.Event, name: str = "background") -> threading.Thread:
-    """Run `work` on a thread that yields to the compute thread (`idle` set when it has no work) and
-    runs at the lowest CPU priority, as do the processes it starts (inductor's compile workers)."""
+class HelpersPaused:
+    """While the compute thread has work, this process's helper processes are stopped (SIGSTOP).
+
+    The background work's heavy part runs in other processes: inductor's compile workers and the C++
+    compilers they start. Niced, they still take a core whenever the compute thread's OpenMP team
+    sleeps between two ops, and the eager decode step beside them took twice its time. Stopped while
+    requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep a
+    busy server compiling. Processes started by `multiprocessing` (engine core processes, its resource
+    tracker) are never stopped.
+    """
+
+    def __init__(self, compute: ComputeThread, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
+        self.compute, self.patience_s, self.slice_s = compute, patience_s, slice_s
+        self.done = threading.Event()
+        self.paused_s = 0.0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            if not self.compute.busy.wait(0.5):
+                continue
+            t = time.monotonic()
+            stopped = self._signal(helper_processes(), signal.SIGSTOP)
+            try:
+                while not self.done.is_set() and not self.compute.idle.wait(min(0.5, self.patience_s)):
+                    if time.monotonic() - t >= self.patience_s:
+                        break
+            finally:
+                self._signal(stopped, signal.SIGCONT)
+                self.paused_s += time.monotonic() - t
+            if not self.compute.idle.is_set():
+                self.done.wait(self.slice_s)  # a busy server: the helpers get their slice
+
+    @staticmethod
+    def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
+        done = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                done.append(pid)
+        return done
+
+
+def helper_processes() -> list[int]:
+    """This process's descendants, less the subtrees of the children `multiprocessing` started."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = open(f"/proc/{entry.name}/stat").read()  # noqa: SIM115
+                    children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
+    found, todo = [], [pid for pid in children[os.getpid()] if not _from_multiprocessing(pid)]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children[pid])
+    return found
+
+
+def _from_multiprocessing(pid: int) -> bool:
+    try:
+        return b"multiprocessing" in open(f"/proc/{pid}/cmdline", "rb").read()  # noqa: SIM115
+    except OSError:
+        return True  # gone, or not ours to read: leave it alone
+
+
+def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str = "background") -> threading.Thread:
+    """Run `work` on a thread that yields to the compute thread and runs at the lowest CPU priority, as do
+    the processes it starts (inductor's compile workers), which are stopped while requests run."""
+    pause = HelpersPaused(compute)
 
     def run() -> None:
         with contextlib.suppress(OSError):  # a thread's own niceness (Linux); its children inherit it
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        gate = YieldToRequests(idle)
+        gate = YieldToRequests(compute.idle)
+        threading.Thread(target=pause.run, name=f"{name}-pause", daemon=True).start()
         sys.settrace(gate)
         try:
             work()
         finally:
             sys.settrace(None)
-            log.info("%s work done; it waited %.1f s for requests", name, gate.waited_s)
+            pause.done.set()
+            log.info(
+                "%s work done; it waited %.1f s for requests, its helper processes %.1f s",
+                name,
+                gate.waited_s,
+                pause.paused_s,
+            )
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

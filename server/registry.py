@@ -126,7 +126,11 @@ class ModelRegistry:
                 raise CheckpointError(info.path, info.error or "invalid")
             served = self._load(info.id, info.path, info.architecture, device, dtype)
             self.compute.guard(served.model)
-            if served.engine is not None:
+            if served.engine is not None and self.settings.engine_process:
+                from server.engine_process import CoreEngine
+
+                served.engine = CoreEngine(info.id, self.settings, served.context_length)
+            elif served.engine is not None:
                 self.compute.attach(served.engine)
             added = {**self.models, info.id: served}
             self.models = {i: added[i] for i in self.order if i in added}
@@ -206,7 +210,7 @@ class ModelRegistry:
         for m in self.models.values():
             self._warm_up(m)
         if self._behind or self.settings.compile_models:
-            behind_requests(self._behind_ready, self.compute.idle, "loader")
+            behind_requests(self._behind_ready, self.compute, "loader")
         else:
             self.compiled.set()
 
@@ -243,6 +247,8 @@ class ModelRegistry:
         compilers = []
         first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
+            if hasattr(m.engine, "compiled"):
+                continue  # its core process compiles it
             compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
             if m.encoder_step is not None:
                 compilable = m.encoder_step, m.encoder_step.compile_order()
@@ -262,7 +268,10 @@ class ModelRegistry:
         m.model(**m.tokenizer("warm up", return_tensors="pt").to(next(m.model.parameters()).device))
 
     def stop(self) -> None:
-        """Cancel what is running and end the compute thread."""
+        """Cancel what is running and end the compute thread (and the core processes)."""
+        for m in self.models.values():
+            if hasattr(m.engine, "compiled"):
+                m.engine.stop()
         self.compute.stop()
 
     def get(self, model_id: str, kind: str | None = None) -> ServedModel:
@@ -283,9 +292,15 @@ class ModelRegistry:
 
     def compiling(self) -> list[str]:
         """Served models whose compiled passes are not all built yet (eager serves them meanwhile)."""
-        if not self.settings.compile_models or self.compiled.is_set():
+        if not self.settings.compile_models:
             return []
-        return [m.id for m in self.models.values() if m.compiler is None or not m.compiler.done.is_set()]
+
+        def building(m: ServedModel) -> bool:
+            if hasattr(m.engine, "compiled"):  # a core process compiles it
+                return not m.engine.compiled.is_set()
+            return not self.compiled.is_set() and (m.compiler is None or not m.compiler.done.is_set())
+
+        return [m.id for m in self.models.values() if building(m)]
 
     def models_of(self, kind: str) -> list[ServedModel]:
         return [m for m in self.models.values() if m.kind == kind]

@@ -92,3 +92,10 @@ def test_paragraph_documents_keep_headings_with_the_paragraph_after_them():
         "Second paragraph.",
         "== History ==\nThird.",
     ]
+    assert split_documents(text, "wikitext-paragraph-headings-apart") == [
+        "= Title =",
+        "First paragraph.",
+        "Second paragraph.",
+        "== History ==",
+        "Third.",
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from tokenizers import Tokenizer
@@ -109,14 +109,15 @@ def _read_hf_dataset(dataset_id: str, split: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in ds["text"])
 
 
-# articles at ' = Title = ' lines; WikiText body lines (headings joined to the line after them); blank-line
-# blocks; lines
-DocMode = Literal["wikitext", "wikitext-paragraph", "paragraph", "line"]
+# articles at ' = Title = ' lines; WikiText body lines (headings joined to the line after them, or documents of
+# their own); blank-line blocks; lines
+DocMode = Literal["wikitext", "wikitext-paragraph", "wikitext-paragraph-headings-apart", "paragraph", "line"]
 
 
 def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
     """Cut raw text into documents: WikiText articles (at ' = Title = ' lines), WikiText paragraphs (each
-    body line, after the headings above it), blank-line blocks, or lines."""
+    body line, after the headings above it, or with every heading a document of its own), blank-line
+    blocks, or lines."""
     if mode == "wikitext":
         docs, current = [], []
         for line in text.splitlines(keepends=True):
@@ -125,12 +126,12 @@ def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
                 current = []
             current.append(line)
         docs.append("".join(current))
-    elif mode == "wikitext-paragraph":
+    elif mode in ("wikitext-paragraph", "wikitext-paragraph-headings-apart"):
         docs, headings = [], []
         for line in text.splitlines():
             if not line.strip():
                 continue
-            if HEADING.match(line):
+            if HEADING.match(line) and mode == "wikitext-paragraph":
                 headings.append(line.strip())
             else:
                 docs.append("\n".join([*headings, line.strip()]))
@@ -140,7 +141,7 @@ def split_documents(text: str, mode: DocMode = "wikitext") -> list[str]:
     elif mode == "line":
         docs = text.splitlines()
     else:
-        raise ValueError(f"unknown document mode {mode!r}: wikitext, paragraph or line")
+        raise ValueError(f"unknown document mode {mode!r}: one of {', '.join(get_args(DocMode))}")
     return [d for d in docs if d.strip()]
 
 
