@@ -3,10 +3,11 @@
     .venv/bin/python bench/bench_scaling.py [--clients 16] [--requests 96] [--rounds 3]
 
 Each server runs in its own process (Serve: its own local Ray instance), serving only the shipped
-GPT; a closed loop of `clients` sends /generate requests (`tokens` greedy tokens each, EOS off) until
-`requests` are done. The plain server and Serve alternate within each round, so the machine's drift
-hits both; the table gives medians over rounds. On 2 cores, replicas cannot add compute: the figure
-that matters is the proxy's overhead (docs/SCALING.md).
+GPT, and is measured once its compiled decode steps are built (every replica's); a closed loop of
+`clients` sends /generate requests (`tokens` greedy tokens each, EOS off) until `requests` are done.
+The plain server and Serve alternate within each round, so the machine's drift hits both; the table
+gives medians over rounds. On 2 cores, replicas cannot add compute: the figure that matters is the
+proxy's overhead (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ def ray_server(replicas: int, num_cpus: float) -> Iterator[str]:
             subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
+def wait_compiled(base: str, timeout_s: float = 900, probes: int = 16) -> float:
+    """Seconds until `probes` /health answers in a row (every replica, behind Serve) list nothing compiling:
+    a replica still compiling serves eagerly, and would measure start-up instead of serving."""
+    t = time.monotonic()
+    quiet = 0
+    while quiet < probes:
+        if time.monotonic() - t > timeout_s:
+            raise RuntimeError(f"still compiling after {timeout_s:.0f} s")
+        quiet = quiet + 1 if not httpx.get(f"{base}/health", timeout=5).json().get("compiling") else 0
+        if not quiet:
+            time.sleep(1)
+    return time.monotonic() - t
+
+
 def replicas_seen(base: str, probes: int = 16) -> int:
     return len({httpx.get(f"{base}/health", timeout=5).headers.get("x-tinyserve-replica") for _ in range(probes)})
 
@@ -102,7 +117,9 @@ async def closed_loop(base: str, clients: int, requests: int, tokens: int) -> di
 def measure(name: str, server, args: argparse.Namespace) -> dict:
     with server as base:
         base = base[0] if isinstance(base, tuple) else base
+        compiled_s = wait_compiled(base)
         result = asyncio.run(closed_loop(base, args.clients, args.requests, args.tokens))
+        result["compiled_after_s"] = compiled_s
     print(name, json.dumps({k: v if isinstance(v, dict) else round(v, 3) for k, v in result.items()}), file=sys.stderr)
     return result
 

@@ -1,10 +1,10 @@
 """A completion model's engine in a process of its own (vLLM v1's API server / EngineCore split).
 
-`engine_process=true`: the core process loads the checkpoint, builds its compiled decode steps and runs
-the GenerationEngine on its compute thread with no HTTP work beside it; the server process parses,
-tokenizes, routes and answers. They talk over a pipe: one message per request and per cancel one way,
-one message per decode step (every event of that step) the other. A core that dies fails its requests
-in flight with "error" (503 to their clients) and is started again.
+`engine_process=true`: the core process loads the checkpoint, builds its compiled decode steps and
+runs the GenerationEngine on its compute thread with no HTTP work beside it; the server process
+parses, tokenizes, routes and answers. They talk over a pipe: one message per request and per cancel
+one way, one message per decode step (every event of that step, and the engine's figures) the other.
+A core that dies fails its requests in flight with "error" (503 to their clients) and is started again.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CoreEngine:
     def __init__(self, model_id: str, settings: Settings, context_length: int) -> None:
         self.model_id, self.settings, self.context_length = model_id, settings, context_length
         self.max_in_flight = settings.max_batch_size + settings.max_queue
-        self.stats = EngineStats()  # the core's figures are not mirrored here
+        self.stats = EngineStats()  # the core's, as of its last message
         self.compiled = threading.Event()  # the core has built its compiled decode steps (or gave up)
         self._sinks: dict[int, Callable[[Event], None]] = {}
         self._ids = itertools.count()
@@ -103,7 +103,8 @@ class CoreEngine:
                 elif message == "compiled":
                     self.compiled.set()
                 else:
-                    for rid, event in message:
+                    events, self.stats = message
+                    for rid, event in events:
                         sink = self._sinks.pop(rid) if isinstance(event, FinishEvent) else self._sinks.get(rid)
                         if sink is not None:
                             sink(event)
@@ -143,7 +144,7 @@ def core_main(conn: Connection, settings_json: str, model_id: str) -> None:
     def flush() -> None:
         with lock:
             if outbox:
-                conn.send(list(outbox))
+                conn.send((list(outbox), engine.stats))
                 outbox.clear()
 
     run_once = engine.run_once

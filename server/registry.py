@@ -25,6 +25,7 @@ from server.compute import ComputeThread, behind_requests
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
+from server.engine_process import CoreEngine
 from server.runners import CAUSAL_ARCHITECTURES, CausalLMRunner, load_runner
 
 log = logging.getLogger("tinyserve")
@@ -60,7 +61,7 @@ class ServedModel:
     context_length: int  # longest input in tokens, special tokens included
     card: str = ""
     runner: CausalLMRunner | None = None  # completion models only: the model behind the seam
-    engine: GenerationEngine | None = None  # completion models only
+    engine: GenerationEngine | CoreEngine | None = None  # completion models only
     encoder_step: EncoderStep | None = None  # fill-mask models only
     compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
 
@@ -127,8 +128,6 @@ class ModelRegistry:
             served = self._load(info.id, info.path, info.architecture, device, dtype)
             self.compute.guard(served.model)
             if served.engine is not None and self.settings.engine_process:
-                from server.engine_process import CoreEngine
-
                 served.engine = CoreEngine(info.id, self.settings, served.context_length)
             elif served.engine is not None:
                 self.compute.attach(served.engine)
@@ -247,7 +246,7 @@ class ModelRegistry:
         compilers = []
         first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
-            if hasattr(m.engine, "compiled"):
+            if isinstance(m.engine, CoreEngine):
                 continue  # its core process compiles it
             compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
             if m.encoder_step is not None:
@@ -270,7 +269,7 @@ class ModelRegistry:
     def stop(self) -> None:
         """Cancel what is running and end the compute thread (and the core processes)."""
         for m in self.models.values():
-            if hasattr(m.engine, "compiled"):
+            if isinstance(m.engine, CoreEngine):
                 m.engine.stop()
         self.compute.stop()
 
@@ -296,7 +295,7 @@ class ModelRegistry:
             return []
 
         def building(m: ServedModel) -> bool:
-            if hasattr(m.engine, "compiled"):  # a core process compiles it
+            if isinstance(m.engine, CoreEngine):  # a core process compiles it
                 return not m.engine.compiled.is_set()
             return not self.compiled.is_set() and (m.compiler is None or not m.compiler.done.is_set())
 
