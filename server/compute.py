@@ -11,6 +11,7 @@ thread, so a route that forgets to queue its work fails loudly instead of slowin
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import logging
@@ -197,22 +198,31 @@ class HelpersPaused:
         self.compute, self.patience_s, self.slice_s = compute, patience_s, slice_s
         self.done = threading.Event()
         self.paused_s = 0.0
+        self._stopped: list[int] = []
 
     def run(self) -> None:
+        atexit.register(self.resume)  # before torch's own exit handler, which waits for its workers
         while not self.done.is_set():
             if not self.compute.busy.wait(0.5):
                 continue
             t = time.monotonic()
-            stopped = self._signal(helper_processes(), signal.SIGSTOP)
+            self._stopped = self._signal(helper_processes(), signal.SIGSTOP)
             try:
                 while not self.done.is_set() and not self.compute.idle.wait(min(0.5, self.patience_s)):
                     if time.monotonic() - t >= self.patience_s:
                         break
             finally:
-                self._signal(stopped, signal.SIGCONT)
+                self.resume(finished=False)
                 self.paused_s += time.monotonic() - t
             if not self.compute.idle.is_set():
                 self.done.wait(self.slice_s)  # a busy server: the helpers get their slice
+
+    def resume(self, finished: bool = True) -> None:
+        """Let the stopped helpers go on (and, at exit or when the work is done, stop pausing them)."""
+        if finished:
+            self.done.set()
+        stopped, self._stopped = self._stopped, []
+        self._signal(stopped, signal.SIGCONT)
 
     @staticmethod
     def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
@@ -263,7 +273,7 @@ def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str 
             work()
         finally:
             sys.settrace(None)
-            pause.done.set()
+            pause.resume()
             log.info(
                 "%s work done; it waited %.1f s for requests, its helper processes %.1f s",
                 name,

@@ -41,7 +41,7 @@ def test_helpers_stop_while_the_compute_thread_works_and_go_on_after():
         assert eventually(lambda: state(helper.pid) != "T"), "the helper stayed stopped after the request"
     finally:
         release.set()
-        pause.done.set()
+        pause.resume()
         helper.kill()
         helper.wait()
         compute.stop()
@@ -61,7 +61,7 @@ def test_a_busy_server_still_gives_its_helpers_a_slice():
     finally:
         release.set()
         job.result(timeout=5)
-        pause.done.set()
+        pause.resume()
         helper.kill()
         helper.wait()
         compute.stop()
