@@ -190,8 +190,8 @@ class HelpersPaused:
     compilers they start. Niced, they still take a core whenever the compute thread's OpenMP team
     sleeps between two ops, and the eager decode step beside them took twice its time. Stopped while
     requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep a
-    busy server compiling. Processes started by `multiprocessing` (engine core processes, its resource
-    tracker) are never stopped.
+    busy server compiling. Processes started by `multiprocessing` (its resource tracker, pools a
+    library keeps for its own work) are never stopped.
     """
 
     def __init__(self, compute: ComputeThread, patience_s: float = 5.0, slice_s: float = 1.0) -> None:

@@ -34,11 +34,6 @@ class Settings(BaseSettings):
         description="what /health waits for before its 200: the default completion model (the other models "
         "load behind it, and a request for one still loading gets 503 with Retry-After), or every model",
     )
-    engine_process: bool = Field(
-        False,
-        description="run each completion model's engine (scheduler, model, compiled steps) in a core process of "
-        "its own, the HTTP process only parsing, tokenizing and answering (vLLM v1's split)",
-    )
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
     max_prefill_tokens: int = Field(

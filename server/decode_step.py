@@ -68,8 +68,10 @@ class DecodeStep:
         self.context = model.config.context_length
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        # what a bucket runs until its compiled step is ready; the compiler traces the plain model's step
-        self.uncompiled = eager_step(prepacked_copy(model), model.config.n_layer)
+        # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
+        # traces the plain model's step
+        self.eager_model = prepacked_copy(model)
+        self.uncompiled = eager_step(self.eager_model, model.config.n_layer)
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
             # one spare column: every view of the first S <= context columns is then strided alike; a view
             # of a whole buffer would be contiguous, and a graph compiled for the others would not take it

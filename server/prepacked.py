@@ -1,4 +1,5 @@
-"""The uncompiled decode step's linear layers, prepacked for oneDNN (bf16 on the CPU).
+"""The linear layers of what runs uncompiled (prefills, decode steps not yet compiled), prepacked for
+oneDNN (bf16 on the CPU).
 
 Until a row bucket's compiled step is ready (a minute or more after start-up), its requests run the
 eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call: the one-row

@@ -25,7 +25,6 @@ from server.compute import ComputeThread, behind_requests
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
-from server.engine_process import CoreEngine
 from server.runners import CAUSAL_ARCHITECTURES, CausalLMRunner, load_runner
 
 log = logging.getLogger("tinyserve")
@@ -61,7 +60,7 @@ class ServedModel:
     context_length: int  # longest input in tokens, special tokens included
     card: str = ""
     runner: CausalLMRunner | None = None  # completion models only: the model behind the seam
-    engine: GenerationEngine | CoreEngine | None = None  # completion models only
+    engine: GenerationEngine | None = None  # completion models only
     encoder_step: EncoderStep | None = None  # fill-mask models only
     compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
 
@@ -127,9 +126,7 @@ class ModelRegistry:
                 raise CheckpointError(info.path, info.error or "invalid")
             served = self._load(info.id, info.path, info.architecture, device, dtype)
             self.compute.guard(served.model)
-            if served.engine is not None and self.settings.engine_process:
-                served.engine = CoreEngine(info.id, self.settings, served.context_length)
-            elif served.engine is not None:
+            if served.engine is not None:
                 self.compute.attach(served.engine)
             added = {**self.models, info.id: served}
             self.models = {i: added[i] for i in self.order if i in added}
@@ -246,8 +243,6 @@ class ModelRegistry:
         compilers = []
         first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
-            if isinstance(m.engine, CoreEngine):
-                continue  # its core process compiles it
             compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
             if m.encoder_step is not None:
                 compilable = m.encoder_step, m.encoder_step.compile_order()
@@ -267,10 +262,7 @@ class ModelRegistry:
         m.model(**m.tokenizer("warm up", return_tensors="pt").to(next(m.model.parameters()).device))
 
     def stop(self) -> None:
-        """Cancel what is running and end the compute thread (and the core processes)."""
-        for m in self.models.values():
-            if isinstance(m.engine, CoreEngine):
-                m.engine.stop()
+        """Cancel what is running and end the compute thread."""
         self.compute.stop()
 
     def get(self, model_id: str, kind: str | None = None) -> ServedModel:
@@ -291,15 +283,9 @@ class ModelRegistry:
 
     def compiling(self) -> list[str]:
         """Served models whose compiled passes are not all built yet (eager serves them meanwhile)."""
-        if not self.settings.compile_models:
+        if not self.settings.compile_models or self.compiled.is_set():
             return []
-
-        def building(m: ServedModel) -> bool:
-            if isinstance(m.engine, CoreEngine):  # a core process compiles it
-                return not m.engine.compiled.is_set()
-            return not self.compiled.is_set() and (m.compiler is None or not m.compiler.done.is_set())
-
-        return [m.id for m in self.models.values() if building(m)]
+        return [m.id for m in self.models.values() if m.compiler is None or not m.compiler.done.is_set()]
 
     def models_of(self, kind: str) -> list[ServedModel]:
         return [m for m in self.models.values() if m.kind == kind]

