@@ -190,8 +190,7 @@ class HelpersPaused:
     compilers they start. Niced, they still take a core whenever the compute thread's OpenMP team
     sleeps between two ops, and the eager decode step beside them took twice its time. Stopped while
     requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep a
-    busy server compiling. Processes started by `multiprocessing` (its resource tracker, pools a
-    library keeps for its own work) are never stopped.
+    busy server compiling. Only compile helpers are stopped (`helper_processes`), never another child.
     """
 
     def __init__(self, compute: ComputeThread, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
@@ -234,8 +233,13 @@ class HelpersPaused:
         return done
 
 
+# what a helper's command line contains: inductor's compile workers, the C/C++ compilers it runs itself
+HELPER_MARKS = (b"torch/_inductor", b"torch._inductor", b"g++", b"gcc", b"c++", b"clang")
+
+
 def helper_processes() -> list[int]:
-    """This process's descendants, less the subtrees of the children `multiprocessing` started."""
+    """This process's children that are compile helpers (HELPER_MARKS), with all their descendants; any
+    other child (a server a test started, an engine of its own) is none of the pause's business."""
     children: dict[int, list[int]] = collections.defaultdict(list)
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
@@ -243,7 +247,7 @@ def helper_processes() -> list[int]:
                 with contextlib.suppress(OSError, IndexError, ValueError):
                     stat = open(f"/proc/{entry.name}/stat").read()  # noqa: SIM115
                     children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
-    found, todo = [], [pid for pid in children[os.getpid()] if not _from_multiprocessing(pid)]
+    found, todo = [], [pid for pid in children[os.getpid()] if _is_helper(pid)]
     while todo:
         pid = todo.pop()
         found.append(pid)
@@ -251,11 +255,12 @@ def helper_processes() -> list[int]:
     return found
 
 
-def _from_multiprocessing(pid: int) -> bool:
+def _is_helper(pid: int) -> bool:
     try:
-        return b"multiprocessing" in open(f"/proc/{pid}/cmdline", "rb").read()  # noqa: SIM115
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()  # noqa: SIM115
     except OSError:
-        return True  # gone, or not ours to read: leave it alone
+        return False  # gone, or not ours to read: leave it alone
+    return any(mark in cmdline for mark in HELPER_MARKS)
 
 
 def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str = "background") -> threading.Thread:

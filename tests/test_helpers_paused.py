@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +13,11 @@ from server.compute import ComputeThread, HelpersPaused, helper_processes
 def state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]  # R, S, T (stopped), ...
+
+
+def compile_worker() -> subprocess.Popen:
+    """A process whose command line reads as inductor's compile worker's."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "torch/_inductor/compile_worker"])
 
 
 def eventually(check, timeout_s: float = 3.0) -> bool:
@@ -27,7 +32,7 @@ def eventually(check, timeout_s: float = 3.0) -> bool:
 def test_helpers_stop_while_the_compute_thread_works_and_go_on_after():
     compute = ComputeThread("test-compute")
     compute.start()
-    helper = subprocess.Popen(["sleep", "30"])
+    helper = compile_worker()
     pause = HelpersPaused(compute, patience_s=10)
     threading.Thread(target=pause.run, daemon=True).start()
     release = threading.Event()
@@ -50,7 +55,7 @@ def test_helpers_stop_while_the_compute_thread_works_and_go_on_after():
 def test_a_busy_server_still_gives_its_helpers_a_slice():
     compute = ComputeThread("test-compute")
     compute.start()
-    helper = subprocess.Popen(["sleep", "30"])
+    helper = compile_worker()
     pause = HelpersPaused(compute, patience_s=0.3, slice_s=0.5)
     threading.Thread(target=pause.run, daemon=True).start()
     release = threading.Event()
@@ -67,16 +72,13 @@ def test_a_busy_server_still_gives_its_helpers_a_slice():
         compute.stop()
 
 
-def test_processes_started_by_multiprocessing_are_never_helpers():
-    core = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(30,), daemon=True)
-    core.start()
-    helper = subprocess.Popen(["sleep", "30"])
+def test_only_compile_helpers_are_helpers():
+    other = subprocess.Popen(["sleep", "30"])  # e.g. a server a test started
+    helper = compile_worker()
     try:
-        found = helper_processes()
-        assert helper.pid in found
-        assert core.pid not in found
+        assert eventually(lambda: helper.pid in helper_processes())
+        assert other.pid not in helper_processes()
     finally:
-        helper.kill()
-        helper.wait()
-        core.kill()
-        core.join()
+        for p in (helper, other):
+            p.kill()
+            p.wait()
