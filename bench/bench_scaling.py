@@ -30,7 +30,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.processes import free_port, http_server  # noqa: E402
+from scripts.processes import free_port, http_server, wait_compiled  # noqa: E402
 
 MODEL = "gpt-wikitext2"
 
@@ -64,20 +64,6 @@ def ray_server(replicas: int, num_cpus: float) -> Iterator[str]:
             proc.terminate()
             proc.wait(timeout=120)
             subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
-
-
-def wait_compiled(base: str, timeout_s: float = 900, probes: int = 16) -> float:
-    """Seconds until `probes` /health answers in a row (every replica, behind Serve) list nothing compiling:
-    a replica still compiling serves eagerly, and would measure start-up instead of serving."""
-    t = time.monotonic()
-    quiet = 0
-    while quiet < probes:
-        if time.monotonic() - t > timeout_s:
-            raise RuntimeError(f"still compiling after {timeout_s:.0f} s")
-        quiet = quiet + 1 if not httpx.get(f"{base}/health", timeout=5).json().get("compiling") else 0
-        if not quiet:
-            time.sleep(1)
-    return time.monotonic() - t
 
 
 def replicas_seen(base: str, probes: int = 16) -> int:
@@ -117,7 +103,7 @@ async def closed_loop(base: str, clients: int, requests: int, tokens: int) -> di
 def measure(name: str, server, args: argparse.Namespace) -> dict:
     with server as base:
         base = base[0] if isinstance(base, tuple) else base
-        compiled_s = wait_compiled(base)
+        compiled_s = wait_compiled(base, probes=16)  # 16 answers reach every replica behind Serve
         result = asyncio.run(closed_loop(base, args.clients, args.requests, args.tokens))
         result["compiled_after_s"] = compiled_s
     print(name, json.dumps({k: v if isinstance(v, dict) else round(v, 3) for k, v in result.items()}), file=sys.stderr)

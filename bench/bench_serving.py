@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
-from scripts.processes import http_server  # noqa: E402
+from scripts.processes import http_server, wait_compiled  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.engine import FinishEvent  # noqa: E402
 from server.registry import ModelRegistry, ServedModel  # noqa: E402
@@ -314,12 +314,6 @@ def fill_mask_row(rounds: int) -> tuple[str, str, str, str]:
 
 def fmt_ratio(r: tuple[float, float, float]) -> str:
     return f"**{r[0]:.2f}x** ({r[1]:.2f}–{r[2]:.2f})"
-
-
-def wait_compiled(base: str) -> None:
-    """Until the server's compiled decode steps are built (/health lists what is still compiling)."""
-    while httpx.get(f"{base}/health", timeout=5).json().get("compiling"):
-        time.sleep(1)
 
 
 def main() -> None:

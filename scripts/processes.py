@@ -65,12 +65,24 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float, output: Ca
 
 def wait_loaded(base: str, timeout_s: float) -> float:
     """Seconds until `base`/health lists nothing loading (the models behind the default one)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if not httpx.get(f"{base}/health", timeout=5).json().get("loading"):
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise AssertionError(f"models still loading after {timeout_s:.0f} s")
+    return _wait_listed_none(base, "loading", timeout_s)
+
+
+def wait_compiled(base: str, timeout_s: float = 900, probes: int = 1) -> float:
+    """Seconds until `probes` /health answers in a row list nothing compiling (behind Ray Serve, ask
+    for enough probes to reach every replica): a model still compiling serves eagerly."""
+    return _wait_listed_none(base, "compiling", timeout_s, probes)
+
+
+def _wait_listed_none(base: str, key: str, timeout_s: float, probes: int = 1) -> float:
+    start, quiet = time.monotonic(), 0
+    while quiet < probes:
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"/health still lists models {key} after {timeout_s:.0f} s")
+        quiet = 0 if httpx.get(f"{base}/health", timeout=5).json().get(key) else quiet + 1
+        if not quiet:
+            time.sleep(0.1)
+    return time.monotonic() - start
 
 
 def server_output(proc: subprocess.Popen) -> str:

@@ -14,8 +14,8 @@ mode="reduce-overhead", which replays it as a CUDA graph.
 
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
 compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
-shapes, and checked against the eager step before the engine may use it: a failure or a mismatch logs a line and
-leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
+shapes, and checked against the eager step before the engine may use it: a failure or a mismatch
+logs a line and leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
 bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
 cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: on the CPU the passes
 compile at every start (the cache serves CUDA's graphs), as measured in docs/BENCHMARKS.md.

@@ -156,6 +156,10 @@ class ComputeThread:
             engine.cancel_all("server shutting down")
 
 
+# background work waits for requests this long at most, then runs this long even under load
+PATIENCE_S, SLICE_S = 5.0, 1.0
+
+
 class YieldToRequests:
     """A background thread's trace function: at each Python call, requests go first.
 
@@ -167,7 +171,7 @@ class YieldToRequests:
     server still gets its models and compiled steps.
     """
 
-    def __init__(self, idle: threading.Event, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
+    def __init__(self, idle: threading.Event, patience_s: float = PATIENCE_S, slice_s: float = SLICE_S) -> None:
         self.idle = idle
         self.patience_s, self.slice_s = patience_s, slice_s
         self.slice_end = 0.0
@@ -193,7 +197,7 @@ class HelpersPaused:
     busy server compiling. Only compile helpers are stopped (`helper_processes`), never another child.
     """
 
-    def __init__(self, compute: ComputeThread, patience_s: float = 5.0, slice_s: float = 1.0) -> None:
+    def __init__(self, compute: ComputeThread, patience_s: float = PATIENCE_S, slice_s: float = SLICE_S) -> None:
         self.compute, self.patience_s, self.slice_s = compute, patience_s, slice_s
         self.done = threading.Event()
         self.paused_s = 0.0
@@ -207,9 +211,7 @@ class HelpersPaused:
             t = time.monotonic()
             self._stopped = self._signal(helper_processes(), signal.SIGSTOP)
             try:
-                while not self.done.is_set() and not self.compute.idle.wait(min(0.5, self.patience_s)):
-                    if time.monotonic() - t >= self.patience_s:
-                        break
+                self.compute.idle.wait(self.patience_s)
             finally:
                 self.resume(finished=False)
                 self.paused_s += time.monotonic() - t

@@ -7,10 +7,10 @@ cost as much as the matrix products at 32 rows). One compiled graph serves each 
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
 Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
 a compiled graph (and on CUDA, a captured graph) needs. Until a b's compiled step is ready
-(server/compiled.py builds them off the request path), the same step runs eagerly (on the CPU in bf16
-with prepacked linear layers: server/prepacked.py). The step takes the
-cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
-weights must see the cache as inputs it mutates, not as constants.
+(server/compiled.py builds them off the request path), the same step runs eagerly (on the CPU in
+bf16 with prepacked linear layers: server/prepacked.py). The step takes the cache views as arguments
+rather than reading the model's cache attribute: a compiler freezing the weights must see the cache
+as inputs it mutates, not as constants.
 """
 
 from __future__ import annotations
