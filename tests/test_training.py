@@ -86,7 +86,7 @@ def test_two_process_ddp_run(tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29533",
+        "--standalone",  # a free rendezvous port, not a fixed one another run may hold
         "-m",
         "training",
         "gpt",
