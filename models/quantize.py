@@ -2,8 +2,11 @@
 channel, activations in the model's dtype.
 
 A decode step reads every weight once per token, so on a CPU its time is mostly bytes: int8 halves
-bf16's. On the CPU the layer calls aten's `_weight_int8pack_mm` (int8 weights x bf16/fp32 activations,
-traced by torch.compile like any aten op); elsewhere it dequantizes into the matmul.
+bf16's. On the CPU, a product of few rows calls aten's `_weight_int8pack_mm` (int8 weights x bf16/fp32
+activations; inductor lowers it to its C++ GEMM template or keeps aten's kernel); a product of more rows
+dequantizes the weight into an ordinary linear product, which a compiler freezing the weights folds into
+a constant and prepacks for oneDNN's GEMM (at 32 x 384 x 1536, 109 us against aten's int8 kernel's 293
+us: docs/BENCHMARKS.md, session 13). Elsewhere the scales multiply the product (gpt-fast's form).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+INT8_KERNEL_MAX_ROWS = 4  # products of more rows dequantize the weight (the module docstring says why)
 
 
 class WeightOnlyInt8Linear(nn.Module):
@@ -27,21 +32,29 @@ class WeightOnlyInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        rows = x.reshape(-1, self.in_features)  # (M, in)
+        if x.device.type == "cpu" and rows.shape[0] > INT8_KERNEL_MAX_ROWS:
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
         if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales)
-            y = y.view(*x.shape[:-1], self.out_features)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
         else:
             y = F.linear(x, self.weight.to(x.dtype)) * self.scales
         return y + self.bias if self.bias is not None else y
 
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (out, in) weight in dtype: each int8 row times its channel's scale, in float32. Inductor
+        never folds an int8 -> bf16 conversion (it keeps it for its int8 kernels, and the product would
+        dequantize at every call); int8 -> float32 it folds."""
+        return (self.weight.float() * self.scales.float().unsqueeze(1)).to(dtype)
 
-def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
-    """Every nn.Linear of the module becomes make(linear), in place."""
+
+def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> nn.Module:
+    """Every layer of the given kind (nn.Linear) in the module becomes make(layer), in place."""
     for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
+        if isinstance(child, kind):
             setattr(module, name, make(child))
         else:
-            replace_linears(child, make)
+            replace_linears(child, make, kind)
     return module
 
 

@@ -6,7 +6,9 @@ eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every
 step of gpt-wikitext2 took 5.2 ms against 4.1 ms with prepacked layers on the idle machine, 11.8
 against 5.8 ms with the machine busy, as it is while compiling (docs/BENCHMARKS.md, session 15).
 Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy of the model
-that shares every other tensor, so the compiler still traces the plain model.
+that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
+aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
+dequantized weight prepacked for the rest (a prompt's prefill).
 """
 
 from __future__ import annotations
@@ -17,19 +19,32 @@ import itertools
 import torch
 import torch.nn as nn
 
-from models.quantize import replace_linears
+from models.quantize import INT8_KERNEL_MAX_ROWS, WeightOnlyInt8Linear, replace_linears
 
 
 class PrepackedLinear(nn.Module):
     """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
         super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)  # tuned for 1 row
+        weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(torch.bfloat16)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)  # tuned for 1 row
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class PrepackedInt8Linear(nn.Module):
+    """An int8 layer as it is for few rows, its dequantized weight prepacked for more."""
+
+    def __init__(self, linear: WeightOnlyInt8Linear) -> None:
+        super().__init__()
+        self.int8, self.prepacked = linear, PrepackedLinear(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        few = x.numel() // x.shape[-1] <= INT8_KERNEL_MAX_ROWS
+        return self.int8(x) if few else self.prepacked(x)
 
 
 def prepacks(model: nn.Module) -> bool:
@@ -40,10 +55,12 @@ def prepacks(model: nn.Module) -> bool:
 
 
 def prepacked_copy(model: nn.Module) -> nn.Module:
-    """The model with every nn.Linear prepacked, sharing all its other parameters and buffers; the
-    model itself where prepacking does not apply or finds no nn.Linear (int8 weights). Copy before
-    allocating a cache on the model."""
-    if not prepacks(model) or not any(isinstance(m, nn.Linear) for m in model.modules()):
+    """The model with every linear layer prepacked, sharing all its other parameters and buffers; the
+    model itself where prepacking does not apply or finds no linear layer. Copy before allocating a
+    cache on the model."""
+    kinds = (nn.Linear, WeightOnlyInt8Linear)
+    if not prepacks(model) or not any(isinstance(m, kinds) for m in model.modules()):
         return model
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return replace_linears(copy.deepcopy(model, shared), PrepackedLinear)
+    packed = replace_linears(copy.deepcopy(model, shared), PrepackedLinear)
+    return replace_linears(packed, PrepackedInt8Linear, kind=WeightOnlyInt8Linear)

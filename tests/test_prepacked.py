@@ -49,3 +49,26 @@ def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
             assert got[row].argmax() == want.argmax()
             assert (got[row] - want).abs().max() / (1 + want.abs().max()) < 2e-2
     assert calls, "the prefill ran the plain model's linear layers"
+
+
+def test_int8_models_keep_the_int8_kernel_for_few_rows_and_prepack_the_rest():
+    from models.quantize import INT8_KERNEL_MAX_ROWS, quantize_int8
+    from server.prepacked import PrepackedInt8Linear
+
+    model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval())
+    packed = prepacked_copy(model)
+    layers = [m for m in packed.modules() if isinstance(m, PrepackedInt8Linear)]
+    assert len(layers) == 2 * 4 + 1  # qkv, attention projection, MLP in and out of both blocks, the head
+    layer = layers[0]
+    assert layer.int8.weight.data_ptr() == model.blocks[0].attn.qkv.weight.data_ptr()  # shared, not copied
+    used = []
+    layer.int8.register_forward_hook(lambda *args: used.append("int8"))
+    layer.prepacked.register_forward_hook(lambda *args: used.append("prepacked"))
+    with torch.inference_mode():
+        for rows in (1, INT8_KERNEL_MAX_ROWS, INT8_KERNEL_MAX_ROWS + 1):
+            x = torch.randn(rows, 1, layer.int8.in_features, dtype=torch.bfloat16)
+            want = torch.cat([layer.int8(x[i : i + 1]) for i in range(rows)]).float()  # aten's int8 kernel
+            used.clear()
+            got = layer(x).float()
+            assert used == ["int8" if rows <= INT8_KERNEL_MAX_ROWS else "prepacked"]
+            assert (got - want).abs().max() <= 2e-2 * (1 + want.abs().max())

@@ -1,9 +1,10 @@
 """Weight-only int8 linear layers: close to the layer they replace, compiled like it, served by a setting."""
 
+import pytest
 import torch
 
 from model_store.store import write_checkpoint
-from models.quantize import WeightOnlyInt8Linear, quantize_int8
+from models.quantize import INT8_KERNEL_MAX_ROWS, WeightOnlyInt8Linear, quantize_int8
 from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler
 from server.engine import GenerationEngine
@@ -55,3 +56,29 @@ def test_the_weights_setting_loads_int8_linears(tmp_path, tiny_tokenizer):
     ids = [1, 2, 3, 4, 5]
     a, b = native.logits(ids), int8.logits(ids)
     assert (a - b).abs().max() < 0.05 * a.abs().max()
+
+
+def test_an_int8_layer_dequantizes_for_products_of_many_rows_with_the_kernels_numbers():
+    torch.manual_seed(0)
+    q = WeightOnlyInt8Linear(torch.nn.Linear(64, 48).to(torch.bfloat16))
+    x = torch.randn(INT8_KERNEL_MAX_ROWS + 3, 64, dtype=torch.bfloat16)
+    many = q(x).float()  # one product of more rows than the int8 kernel serves: the dequantized weight
+    few = torch.cat([q(x[i : i + 1]) for i in range(len(x))]).float()  # row by row: aten's int8 kernel
+    assert (many - few).abs().max() <= 2e-2 * (1 + few.abs().max())
+
+
+def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears(monkeypatch):
+    """Inductor keeps an int8 -> bf16 conversion in the graph (for its int8 kernels): a bucket of
+    more rows would dequantize every weight at every step, then run an unpacked product."""
+    from torch._dynamo.utils import counters
+
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN's bf16 linear needs a CPU with bf16 support")
+    model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval())
+    step = GPTRunner(model, None, 8).step
+    rows = INT8_KERNEL_MAX_ROWS * 2
+    counters.clear()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        BackgroundCompiler(step, [rows], None, "test").build(rows)  # checked against eager
+    packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
+    assert packed and sum(packed.values()) >= 4 * 2  # the qkv, attention, MLP linears of both blocks (and the head)
