@@ -32,13 +32,13 @@ class WeightOnlyInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        rows = x.reshape(-1, self.in_features)  # (M, in)
-        if x.device.type == "cpu" and rows.shape[0] > INT8_KERNEL_MAX_ROWS:
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
-        if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
-        else:
+        if x.device.type != "cpu":
             y = F.linear(x, self.weight.to(x.dtype)) * self.scales
+        elif x.numel() // self.in_features > INT8_KERNEL_MAX_ROWS:
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
+        else:
+            rows = x.reshape(-1, self.in_features)  # (M, in)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
         return y + self.bias if self.bias is not None else y
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
