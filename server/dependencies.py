@@ -1,4 +1,5 @@
-"""FastAPI dependencies for shared state."""
+"""FastAPI dependencies for shared state. Coroutines: FastAPI runs a plain function dependency on its
+thread pool, a thread hop per request for an attribute read."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from server.config import Settings
 from server.registry import ModelRegistry
 
 
-def get_registry(request: Request) -> ModelRegistry:
+async def get_registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 

@@ -266,15 +266,15 @@ class ModelRegistry:
         self.compute.stop()
 
     def get(self, model_id: str, kind: str | None = None) -> ServedModel:
-        try:
-            resolve(model_id, self.settings.store)  # plain names only: never a path
-        except CheckpointError:
-            raise UnknownModelError(f"model {model_id!r} is not a valid model id") from None
         loading = self.loading  # read before models: a checkpoint joins models before it leaves loading
-        m = self.models.get(model_id)
-        if m is None and model_id in loading:
-            raise ModelLoadingError(f"model {model_id!r} is loading; retry in a few seconds")
+        m = self.models.get(model_id)  # a served id was resolved when it loaded
         if m is None:
+            try:
+                resolve(model_id, self.settings.store)  # plain names only: never a path
+            except CheckpointError:
+                raise UnknownModelError(f"model {model_id!r} is not a valid model id") from None
+            if model_id in loading:
+                raise ModelLoadingError(f"model {model_id!r} is loading; retry in a few seconds")
             why = self.failed.get(model_id)
             raise UnknownModelError(f"model {model_id!r} is not served" + (f" ({why})" if why else ""))
         if kind is not None and m.kind != kind:
