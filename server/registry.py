@@ -130,7 +130,9 @@ class ModelRegistry:
                 self.compute.attach(served.engine)
             added = {**self.models, info.id: served}
             self.models = {i: added[i] for i in self.order if i in added}
-            log.info("loaded %s (%s) on %s/%s", info.id, info.architecture, device, dtype)
+            quantized = served.runner is not None and self.settings.weights != "native"  # completion models only
+            weights = f", {self.settings.weights} weights" if quantized else ""
+            log.info("loaded %s (%s) on %s/%s%s", info.id, info.architecture, device, dtype, weights)
         except CheckpointError as e:
             log.error("refused %s: %s", info.id, e)
             # clients see paths inside the store only (/health is public): no machine layout
