@@ -67,7 +67,7 @@ def test_an_int8_layer_dequantizes_for_products_of_many_rows_with_the_kernels_nu
     assert (many - few).abs().max() <= 2e-2 * (1 + few.abs().max())
 
 
-def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears(monkeypatch):
+def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears():
     """Inductor keeps an int8 -> bf16 conversion in the graph (for its int8 kernels): a bucket of
     more rows would dequantize every weight at every step, then run an unpacked product."""
     from torch._dynamo.utils import counters
