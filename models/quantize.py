@@ -34,12 +34,16 @@ class WeightOnlyInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         if x.device.type != "cpu":
             y = F.linear(x, self.weight.to(x.dtype)) * self.scales
-        elif x.numel() // self.in_features > INT8_KERNEL_MAX_ROWS:
+        elif not self.kernel_serves(x):
             return F.linear(x, self.dequantized(x.dtype), self.bias)
         else:
             rows = x.reshape(-1, self.in_features)  # (M, in)
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
         return y + self.bias if self.bias is not None else y
+
+    def kernel_serves(self, x: torch.Tensor) -> bool:
+        """Whether aten's int8 kernel takes this product on the CPU: at most INT8_KERNEL_MAX_ROWS rows."""
+        return x.numel() // self.in_features <= INT8_KERNEL_MAX_ROWS
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The (out, in) weight in dtype: each int8 row times its channel's scale, in float32. Inductor

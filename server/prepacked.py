@@ -19,7 +19,7 @@ import itertools
 import torch
 import torch.nn as nn
 
-from models.quantize import INT8_KERNEL_MAX_ROWS, WeightOnlyInt8Linear, replace_linears
+from models.quantize import WeightOnlyInt8Linear, replace_linears
 
 
 class PrepackedLinear(nn.Module):
@@ -43,8 +43,7 @@ class PrepackedInt8Linear(nn.Module):
         self.int8, self.prepacked = linear, PrepackedLinear(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        few = x.numel() // x.shape[-1] <= INT8_KERNEL_MAX_ROWS
-        return self.int8(x) if few else self.prepacked(x)
+        return self.int8(x) if self.int8.kernel_serves(x) else self.prepacked(x)
 
 
 def prepacks(model: nn.Module) -> bool:
