@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from models.config import GPTConfig
 from models.kv_cache import StaticKVCache
-from models.positions import rope, sinusoidal_encoding
+from models.positions import rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
 from models.softmax import get_softmax
@@ -74,7 +74,6 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.softmax = get_softmax(config.softmax)
         self.masking = config.masking
-        self.use_rope = config.positions == "rope"
         self.fused = config.softmax == "softmax0" and config.score == "dot" and config.masking == "causal"
 
     def cache_shapes(self) -> list[tuple[int, int]]:
@@ -87,6 +86,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,  # (B, T, C)
         mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal over the T tokens
         positions: torch.Tensor,  # (B, T) positions of the tokens
+        rotation: tuple[torch.Tensor, torch.Tensor] | None,  # RoPE's (cos, sin) at those positions
         layer: int,
         kv_cache: StaticKVCache | None,
         return_attention: bool,
@@ -100,11 +100,11 @@ class CausalSelfAttention(nn.Module):
             (q, v), k = parts, parts[0]
         else:
             q, k, v = parts
-        if self.use_rope:
-            q, k = rope(q, positions), rope(k, positions)
+        if rotation is not None:
+            q, k = rope(q, rotation), rope(k, rotation)
         cached = [k, v]
         if self.relational is not None:
-            rel_queries, rel_cached = self.relational.project(x, positions, self.use_rope)
+            rel_queries, rel_cached = self.relational.project(x, rotation)
             cached += rel_cached
         if kv_cache is not None:
             cached = kv_cache.update(layer, positions, *cached)  # each (B, *, S, *)
@@ -167,8 +167,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask, positions, layer, kv_cache, return_attention):
-        a, weights = self.attn(self.ln_1(x), mask, positions, layer, kv_cache, return_attention)
+    def forward(self, x, mask, positions, rotation, layer, kv_cache, return_attention):
+        a, weights = self.attn(self.ln_1(x), mask, positions, rotation, layer, kv_cache, return_attention)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -254,9 +254,12 @@ class GPT(nn.Module):
         elif self.config.positions == "learned":
             x = x + self.pos_emb(position_ids)
         x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
+        rotation = None
+        if self.config.positions == "rope":
+            rotation = rope_rotation(position_ids, self.config.head_dim, x.dtype)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, position_ids, layer, kv_cache, return_attention)
+            x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul

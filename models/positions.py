@@ -26,14 +26,19 @@ def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     return pe
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def rope_rotation(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (B, T) -> cos and sin of RoPE's angles, (B, 1, T, dim/2) each, in `dtype`: computed once a
+    forward pass and shared by every layer (per layer they were half of an eager decode step's ops)."""
+    angles = sinusoidal_angles(positions, dim).unsqueeze(1)  # (B, 1, T, dim/2)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Rotary position embedding (Su et al.): rotate pairs of channels by position-dependent angles.
 
-    x (B, H, T, D), positions (B, T) -> (B, H, T, D). The dot product of a rotated query and key then
-    depends on their positions only through the difference.
+    x (B, H, T, D), rotation (cos, sin) from rope_rotation -> (B, H, T, D). The dot product of a rotated
+    query and key then depends on their positions only through the difference.
     """
-    D = x.shape[-1]
-    angles = sinusoidal_angles(positions, D).unsqueeze(1)  # (B, 1, T, D/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = (t.to(x.dtype) for t in rotation)  # under autocast, x is bf16 where the weights are not
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)

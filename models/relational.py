@@ -50,12 +50,12 @@ class RelationalAttention(nn.Module):
         shapes = [(self.n_head, self.head_dim), (self.n_relations, self.head_dim)]
         return shapes + ([(self.n_head, self.head_dim)] if self.symbol_type == "symbolic_attention" else [])
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor, use_rope: bool):
+    def project(self, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor] | None):
         """(B, T, C) -> queries (q, q_rel) and what the cache keeps (k, k_rel[, symbols])."""
         B, T, C = x.shape
         q, k = self.attn_qk(x).view(B, T, 2 * self.n_head, self.head_dim).transpose(1, 2).chunk(2, dim=1)
-        if use_rope:
-            q, k = rope(q, positions), rope(k, positions)
+        if rotation is not None:
+            q, k = rope(q, rotation), rope(k, rotation)
         q_rel, k_rel = self.rel_qk(x).view(B, T, 2 * self.n_relations, self.head_dim).transpose(1, 2).chunk(2, dim=1)
         cached = [k, k_rel]  # (B, H, T, D), (B, R, T, D)
         if self.symbol_type == "symbolic_attention":

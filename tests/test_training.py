@@ -5,6 +5,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
 import torch
 
 from model_store.store import load_gpt
@@ -54,6 +55,23 @@ def test_tiny_run_lowers_loss_and_exports_a_servable_checkpoint(tmp_path):
     rewrite_card(tmp_path, tmp_path / "store" / "tiny", note="Replaces nothing.")
     assert "## Notes\n\nReplaces nothing." in (tmp_path / "store" / "tiny" / "README.md").read_text()
     load_gpt(tmp_path / "store" / "tiny")  # the manifest still matches
+
+
+def test_a_run_can_start_from_a_shipped_checkpoint_at_a_longer_context(tmp_path):
+    rope = GPTConfig(**{**TINY_MODEL, "positions": "rope"})
+    store = tmp_path / "store" / "a"
+    train(tiny_train_config(tmp_path / "a", model=rope, export=str(store), final_eval=False, max_steps=40))
+    shipped, _ = load_gpt(store)
+    longer = replace(rope, context_length=64)  # RoPE holds no weight per position
+    b = tiny_train_config(tmp_path / "b", model=longer, init_from=str(store), max_steps=20)
+    for other in (replace(longer, positions="learned"), replace(longer, d_model=64)):
+        with pytest.raises(ValueError, match="--init-from"):
+            train(replace(b, model=other))
+    train(replace(b, lr=0.0, min_lr=0.0, final_eval=False))  # no updates: the weights stay the shipped ones
+    started = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(started[k], v) for k, v in shipped.state_dict().items())
+    assert read_log(tmp_path / "b")[0]["valid_loss"] < math.log(300) - 1.0  # trained from the first step
+    assert not (tmp_path / "b" / "tokenizer.json").exists()  # the shipped checkpoint's tokenizer
 
 
 def test_runs_are_reproducible_and_resumable(tmp_path):

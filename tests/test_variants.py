@@ -8,7 +8,7 @@ import torch
 
 from model_store.store import load_gpt, write_checkpoint
 from models.gpt import AdditiveScore
-from models.positions import rope
+from models.positions import rope, rope_rotation
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine import GenerationEngine
@@ -157,7 +157,8 @@ def test_rope_dot_products_depend_only_on_the_offset():
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
 
     def dot(pq: int, pk: int) -> torch.Tensor:
-        return (rope(q, torch.tensor([[pq]])) * rope(k, torch.tensor([[pk]]))).sum()
+        at = lambda p: rope_rotation(torch.tensor([[p]]), 8, q.dtype)  # noqa: E731
+        return (rope(q, at(pq)) * rope(k, at(pk))).sum()
 
     torch.testing.assert_close(dot(5, 2), dot(13, 10))
     assert not torch.allclose(dot(5, 2), dot(5, 4))

@@ -48,6 +48,9 @@ class TrainConfig:
     data: str = option(str(WIKITEXT2), "corpus folder with train/valid/test.txt, or HF id")
     export: str | None = option(None, "also write the shipped (best) checkpoint to this model-store folder")
     tokenizer: str | None = option(None, "tokenizer.json to use (default: OUT/tokenizer.json, trained if missing)")
+    init_from: str | None = option(
+        None, "model-store GPT folder whose weights start this run (a fresh optimiser and schedule; its tokenizer)"
+    )
     doc_mode: DocMode = option("wikitext", "how the text splits into documents (an end-of-text token follows each)")
     detokenize: bool = option(False, "undo WikiText's tokenisation (' @,@ ' -> ',', ' , ' -> ', ') in every split")
     model: GPTConfig = field(default_factory=GPTConfig, metadata={"help": argparse.SUPPRESS})  # the model flags
@@ -97,13 +100,32 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 
 
 def load_or_train_tokenizer(cfg: TrainConfig, train_text: str, is_main: bool, distributed: bool) -> Tokenizer:
-    path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.out) / "tokenizer.json"
+    if cfg.tokenizer:
+        path = Path(cfg.tokenizer)
+    elif cfg.init_from:
+        path = Path(cfg.init_from) / "tokenizer.json"
+    else:
+        path = Path(cfg.out) / "tokenizer.json"
     if not path.exists() and is_main:
         path.parent.mkdir(parents=True, exist_ok=True)
         train_bpe(split_documents(train_text, cfg.doc_mode), vocab_size=cfg.model.vocab_size).save(str(path))
     if distributed:
         dist.barrier()  # the other ranks wait for rank 0's tokenizer
     return Tokenizer.from_file(str(path))
+
+
+def init_weights(model: GPT, folder: Path) -> None:
+    """Copy a shipped GPT's weights into `model`; only settings that hold no weights may differ.
+
+    RoPE holds no position weights, so a run can go on at a longer context than its start was trained at.
+    """
+    from model_store.store import load_gpt  # the store owns the on-disk format
+
+    source, _ = load_gpt(folder)
+    ours, theirs = model.state_dict(), source.state_dict()
+    if ours.keys() != theirs.keys() or any(ours[k].shape != theirs[k].shape for k in ours):
+        raise ValueError(f"--init-from {folder}: its weights do not fit this model's shape flags")
+    model.load_state_dict(theirs)
 
 
 def train(cfg: TrainConfig, command: str = "") -> dict:
@@ -132,10 +154,12 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     valid_stream = encode_documents(split_documents(valid_text, cfg.doc_mode), tokenizer, eos)
 
     model = GPT(cfg.model).to(device)  # same seed on every rank: identical initial weights
+    ckpt_path, best_path, best_ema_path = out / "checkpoint.pt", out / "best.pt", out / "best_ema.pt"
+    if cfg.init_from and not ckpt_path.exists():
+        init_weights(model, Path(cfg.init_from))
     optimizer = make_optimizer(model, cfg)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay)) if cfg.ema_decay else None
     step, log = 0, []
-    ckpt_path, best_path, best_ema_path = out / "checkpoint.pt", out / "best.pt", out / "best_ema.pt"
     if ckpt_path.exists():  # resume: tensors and plain containers only (weights_only)
         state = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
