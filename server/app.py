@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -27,6 +28,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         registry.load_all()
         registry.start()  # engines + warm-up
+        if settings.ready_after == "compiled":  # not ready while requests would run uncompiled
+            await asyncio.to_thread(registry.compiled.wait)
         app.state.ready = True
         log.info("ready: %s (refused: %s)", sorted(registry.models), sorted(registry.failed) or "none")
         yield

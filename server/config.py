@@ -29,10 +29,12 @@ class Settings(BaseSettings):
         description="native (the weights in `dtype`) or int8 (weight-only int8 linear layers with per-channel "
         "scales, activations in `dtype`: half the bytes a decode step reads in bf16; docs/BENCHMARKS.md)",
     )
-    ready_after: Literal["default", "all"] = Field(
+    ready_after: Literal["default", "all", "compiled"] = Field(
         "default",
         description="what /health waits for before its 200: the default completion model (the other models "
-        "load behind it, and a request for one still loading gets 503 with Retry-After), or every model",
+        "load behind it, and a request for one still loading gets 503 with Retry-After), every model, or every "
+        "model and its compiled steps (a replica behind a load balancer then serves at full speed once ready; "
+        "the server answers nothing before)",
     )
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")

@@ -101,7 +101,7 @@ class ModelRegistry:
         infos = [info for info in found if wanted is None or info.id in wanted]
         self.order = [info.id for info in infos]
         now = infos
-        if self.settings.ready_after == "default":
+        if self.settings.ready_after == "default":  # "all" and "compiled" load every model here
             gpts = [info for info in infos if info.ok and kind_of(info.architecture) == "gpt"]
             now = gpts[:1] or infos[:1]
         self._behind = [info for info in infos if info not in now]

@@ -7,6 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
+from server.compiled import BackgroundCompiler
 from server.config import Settings
 from server.registry import ModelLoadingError, ModelRegistry
 
@@ -79,3 +80,34 @@ def test_ready_after_all_loads_every_model_before_ready(store):
         assert set(registry.models) == {"tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"}
     finally:
         registry.stop()
+
+
+def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
+    """A replica behind a load balancer is not ready while its requests would run uncompiled."""
+    release, built = threading.Event(), []
+
+    def build(self, bucket):  # stands for the minutes a real compile takes on the CPU
+        assert release.wait(60)
+        built.append(bucket)
+        return self.target.eager
+
+    monkeypatch.setattr(BackgroundCompiler, "build", build)
+    settings = Settings(store=store, models=["tiny-gpt"], ready_after="compiled", compile_models=True)
+    settings.compile_max_batch = 2
+    app, health, entered = create_app(settings), [], threading.Event()
+
+    def serve() -> None:
+        with TestClient(app) as client:  # entering runs the start-up
+            entered.set()
+            health.append(client.get("/health"))
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        assert not entered.wait(1.0) and not app.state.ready
+        assert app.state.registry.compiling() == ["tiny-gpt"]
+    finally:
+        release.set()
+        thread.join(60)
+    assert built == [1, 2]
+    assert health[0].status_code == 200 and health[0].json()["compiling"] == []

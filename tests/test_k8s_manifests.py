@@ -48,3 +48,4 @@ def test_deployment_matches_the_server():
     assert m["Service"]["spec"]["selector"].items() <= labels.items()
     assert m["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == m["Deployment"]["metadata"]["name"]
     assert all(re.fullmatch(r"TINYSERVE_[A-Z_]+", name) and name[10:].lower() in Settings.model_fields for name in env)
+    Settings(**{name[10:].lower(): value for name, value in env.items()})  # and their values are valid

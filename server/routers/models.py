@@ -68,8 +68,9 @@ async def get_model_card_image(model_id: str, name: str, registry: Registry) -> 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})
 async def health(request: Request, registry: Registry) -> JSONResponse:
-    """200 once the default model (with ready_after="all", every model) is loaded and warmed up, 503
-    before; lists the models loading behind it, those compiling, and refused checkpoints."""
+    """200 once the default model (ready_after="all": every model; "compiled": and their compiled steps) is
+    loaded and warmed up, 503 before; lists the models loading behind it, those compiling, and refused
+    checkpoints."""
     ready = bool(getattr(request.app.state, "ready", False))
     loading = list(registry.loading)  # before models, as the registry reads them
     body = Health(
