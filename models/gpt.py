@@ -112,8 +112,9 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
         # one new token over the cache: compiled, the explicit product, which inductor fuses (SDPA's CPU
-        # flash kernel cost 4x as much there); eager, SDPA's one op (19 against 83 us a layer over 32 keys)
-        one_token = kv_cache is not None and T == 1 and torch.compiler.is_compiling()
+        # flash kernel cost 4x as much there); eager, SDPA's one op (19 against 83 us a layer over 32 keys).
+        # is_dynamo_compiling, not is_compiling: the latter is true in every thread while any one compiles
+        one_token = kv_cache is not None and T == 1 and torch.compiler.is_dynamo_compiling()
         if self.fused and not return_attention and not one_token:
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)

@@ -24,6 +24,27 @@ def test_causality_through_the_cache(sm):
     torch.testing.assert_close(a[:, :7], b[:, :7])
 
 
+def test_an_eager_decode_step_attends_through_sdpa_while_another_thread_compiles(monkeypatch):
+    """One new token over the cache: SDPA's one op eagerly, the explicit product only in a traced graph.
+    torch.compiler.is_compiling() is true in every thread while any compiles (a server's background
+    compiler), which sent the eager steps down the slow path."""
+    model = tiny_gpt()
+    x = torch.randint(1, 97, (1, 6))
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(x[:, :5], input_pos=torch.arange(5).view(1, 5), cache=cache)
+        calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(
+            torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+        )
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)  # as while a compiler thread runs
+        step = model(x[:, 5:], input_pos=torch.tensor([[5]]), cache=cache).logits
+    assert len(calls) == model.config.n_layer
+    with torch.no_grad():
+        whole = model(x).logits  # the same token's logits without the cache
+    torch.testing.assert_close(step[:, -1], whole[:, -1], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("sm", SOFTMAXES)
 def test_attention_weights_shapes_and_row_sums(sm):
     model = tiny_gpt(softmax=sm)
