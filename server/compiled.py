@@ -114,9 +114,14 @@ def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tens
 class BackgroundCompiler:
     """Compiles a target's buckets in the given order on a thread of its own; `start` returns at once."""
 
-    def __init__(self, target: Compilable, buckets: list[Hashable], cache_dir: Path | None, key: str) -> None:
+    def __init__(
+        self, target: Compilable, buckets: list[Hashable], cache_dir: Path | None, key: str, threads: int | None = None
+    ) -> None:
         self.target = target
         self.buckets = buckets
+        # the OpenMP threads the compiled code runs with (the compute thread's): the compiling thread may
+        # run with fewer (server/compute.py, behind_requests), and inductor would size its loops to those
+        self.threads = threads or torch.get_num_threads()
         self.cache_dir = cache_dir / key if cache_dir is not None else None
         self.failed: dict[Hashable, str] = {}
         self.done = threading.Event()
@@ -180,5 +185,6 @@ class BackgroundCompiler:
         """The bucket's compiled function, and its outputs on the scratch inputs (the call compiles it)."""
         fn = own_code(self.target.eager, self.label(bucket))
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(self.target.device))
-        with torch._inductor.config.patch(settings):
+        threads = {"cpp.threads": self.threads} if self.target.device.type == "cpu" else {}
+        with torch._inductor.config.patch({**settings, **threads}):
             return compiled, floating(compiled(*self.target.example(bucket)))

@@ -206,6 +206,31 @@ def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatc
     assert "micro_gemm" in template and "micro_gemm" not in prepacked and "_linear" in prepacked
 
 
+def test_steps_compiled_on_a_one_thread_background_thread_run_on_the_compute_threads_count():
+    """The background compiler runs its torch ops on one OpenMP thread; inductor sizes its parallel loops
+    by the compiling thread's count unless told the count the step will run with."""
+    import threading
+
+    from torch._inductor.utils import run_and_get_code
+
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    code = []
+
+    def build() -> None:
+        torch.set_num_threads(1)  # as behind_requests runs it
+        with torch._inductor.config.patch(force_disable_caches=True):
+            code.extend(run_and_get_code(BackgroundCompiler(engine.runner.step, [2], None, "test", 3).build, 2)[1])
+
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        thread = threading.Thread(target=build)
+        thread.start()
+        thread.join(300)
+    finally:
+        engine.stop()
+    assert "#pragma omp parallel num_threads(3)" in "\n".join(code)
+
+
 def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears(monkeypatch):
     """torch.compile(options={"freezing": True}) left the weights as graph inputs (plain addmm, no
     packing): the setting must reach inductor's config, which the build does."""
