@@ -23,19 +23,22 @@ compile at every start (the cache serves CUDA's graphs), as measured in docs/BEN
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
 log = logging.getLogger("tinyserve")
+T = TypeVar("T")
 
 
 class StepMismatchError(RuntimeError):
@@ -111,6 +114,58 @@ def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tens
     return [t.float() for t in outputs if t.is_floating_point()]
 
 
+# The compiler must not give the process a second OpenMP team while requests run. libgomp lets a team's
+# idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
+# compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
+# thread's worker fell asleep between two ops and every op paid its wake-up: an eager decode step took
+# twice its time while the server compiled (docs/BENCHMARKS.md, session 18). So inductor compiles on one
+# thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
+# ends with the bucket's build: libgomp frees a thread's team when the thread ends.
+
+
+@contextlib.contextmanager
+def one_openmp_thread() -> Iterator[None]:
+    """This thread's torch ops on one OpenMP thread (no team), its count set back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Inductor as torch.compile's backend, its own torch ops (freezing's constant folding) on one OpenMP
+    thread. Dynamo's guards record the thread count of the call around it, which the compute thread
+    matches: the count is set back before dynamo sees it."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with one_openmp_thread():
+        return compile_fx(graph, example_inputs)
+
+
+def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
+    """fn(*args) on a new thread that ends with it, traced as the caller is (server/compute.py,
+    YieldToRequests: requests go first); its result, or its exception raised here."""
+    outcome: list = []
+    trace = sys.gettrace()
+
+    def run() -> None:
+        sys.settrace(trace)
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as e:  # handed to the caller
+            outcome.append((False, e))
+
+    thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-build", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 class BackgroundCompiler:
     """Compiles a target's buckets in the given order on a thread of its own; `start` returns at once."""
 
@@ -119,8 +174,8 @@ class BackgroundCompiler:
     ) -> None:
         self.target = target
         self.buckets = buckets
-        # the OpenMP threads the compiled code runs with (the compute thread's): the compiling thread may
-        # run with fewer (server/compute.py, behind_requests), and inductor would size its loops to those
+        # the OpenMP threads the compiled code runs with (the compute thread's): inductor compiles on one
+        # (inductor_on_one_thread) and would size its loops to that
         self.threads = threads or torch.get_num_threads()
         self.cache_dir = cache_dir / key if cache_dir is not None else None
         self.failed: dict[Hashable, str] = {}
@@ -137,7 +192,7 @@ class BackgroundCompiler:
             for bucket in self.buckets:
                 try:
                     t = time.perf_counter()
-                    self.target.compiled[bucket] = self.build(bucket)
+                    self.target.compiled[bucket] = on_own_thread(self.build, bucket)
                     log.info("compiled %s in %.1f s", self.label(bucket), time.perf_counter() - t)
                 except Exception as e:  # the bucket stays eager; the client never sees this
                     self.failed[bucket] = f"{type(e).__name__}: {e}"
@@ -184,7 +239,12 @@ class BackgroundCompiler:
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the call compiles it)."""
         fn = own_code(self.target.eager, self.label(bucket))
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(self.target.device))
+        options = compile_options(self.target.device)
+        if self.target.device.type == "cpu":
+            options["backend"] = inductor_on_one_thread
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, **options)
         threads = {"cpp.threads": self.threads} if self.target.device.type == "cpu" else {}
+        with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
+            example = self.target.example(bucket)
         with torch._inductor.config.patch({**settings, **threads}):
-            return compiled, floating(compiled(*self.target.example(bucket)))
+            return compiled, floating(compiled(*example))

@@ -267,29 +267,19 @@ def _is_helper(pid: int) -> bool:
 
 def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str = "background") -> threading.Thread:
     """Run `work` on a thread that yields to the compute thread and runs at the lowest CPU priority, as do
-    the processes it starts (inductor's compile workers), which are stopped while requests run.
-
-    Its torch ops run on one OpenMP thread: libgomp lets a team's idle workers spin only while the
-    process has no more OpenMP threads than CPUs. A second team (this thread's, from freezing's
-    constant folding) cut that spin to 100 iterations, so the compute thread's worker fell asleep
-    between two ops and every op paid its wake-up: an eager decode step took twice its time while the
-    server compiled (docs/BENCHMARKS.md, session 18).
-    """
+    the processes it starts (inductor's compile workers), which are stopped while requests run."""
     pause = HelpersPaused(compute)
-    threads = torch.get_num_threads()  # restored at the end: set_num_threads also sets a process default
 
     def run() -> None:
         with contextlib.suppress(OSError):  # a thread's own niceness (Linux); its children inherit it
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         gate = YieldToRequests(compute.idle)
         threading.Thread(target=pause.run, name=f"{name}-pause", daemon=True).start()
-        torch.set_num_threads(1)
         sys.settrace(gate)
         try:
             work()
         finally:
             sys.settrace(None)
-            torch.set_num_threads(threads)
             pause.resume()
             log.info(
                 "%s work done; it waited %.1f s for requests, its helper processes %.1f s",

@@ -206,26 +206,29 @@ def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatc
     assert "micro_gemm" in template and "micro_gemm" not in prepacked and "_linear" in prepacked
 
 
-def test_steps_compiled_on_a_one_thread_background_thread_run_on_the_compute_threads_count():
-    """The background compiler runs its torch ops on one OpenMP thread; inductor sizes its parallel loops
-    by the compiling thread's count unless told the count the step will run with."""
-    import threading
-
+def test_inductor_compiles_on_one_openmp_thread_for_code_that_runs_on_the_compute_threads_count(monkeypatch):
+    """A second OpenMP team in the process made libgomp put the compute thread's worker to sleep between
+    ops (server/compiled.py): inductor's own torch ops run on one thread, the code it makes on the count
+    the compiler was given, and dynamo's guards keep the caller's count (or the compute thread recompiles)."""
+    import torch._inductor.compile_fx as compile_fx_module
     from torch._inductor.utils import run_and_get_code
 
+    original, seen = compile_fx_module.compile_fx, []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", recording)
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
-    code = []
-
-    def build() -> None:
-        torch.set_num_threads(1)  # as behind_requests runs it
-        with torch._inductor.config.patch(force_disable_caches=True):
-            code.extend(run_and_get_code(BackgroundCompiler(engine.runner.step, [2], None, "test", 3).build, 2)[1])
-
+    threads = torch.get_num_threads()
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
-        thread = threading.Thread(target=build)
-        thread.start()
-        thread.join(300)
+        with torch._inductor.config.patch(force_disable_caches=True):
+            step, code = run_and_get_code(BackgroundCompiler(engine.runner.step, [2], None, "test", 3).build, 2)
+        assert seen == [1] and torch.get_num_threads() == threads
+        with torch.inference_mode(), torch.compiler.set_stance("fail_on_recompile"):  # as the compute thread
+            step(*engine.runner.step.example(2))
     finally:
         engine.stop()
     assert "#pragma omp parallel num_threads(3)" in "\n".join(code)

@@ -7,7 +7,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.compute import ComputeThread, WrongThreadError, behind_requests
+from server.compute import ComputeThread, WrongThreadError
 from server.config import Settings
 
 
@@ -74,17 +74,3 @@ def test_every_route_serves_in_bfloat16(store):
         assert client.post("/attention", json={"text": text, "model": "tiny-mlm-softmax1"}).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "both"})
         assert filled.status_code == 200 and len(filled.json()["results"]) == 2
-
-
-def test_background_work_runs_on_one_openmp_thread_and_leaves_the_default_as_it_was():
-    """A second OpenMP team in the process made libgomp put the compute thread's worker to sleep between
-    ops (server/compute.py, behind_requests)."""
-    compute, seen = ComputeThread(), []
-    compute.start()
-    try:
-        before = torch.get_num_threads()
-        behind_requests(lambda: seen.append(torch.get_num_threads()), compute).join(30)
-        assert seen == [1] and torch.get_num_threads() == before
-        assert compute.call(torch.get_num_threads) == before
-    finally:
-        compute.stop()
