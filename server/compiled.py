@@ -239,12 +239,11 @@ class BackgroundCompiler:
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the call compiles it)."""
         fn = own_code(self.target.eager, self.label(bucket))
-        options = compile_options(self.target.device)
-        if self.target.device.type == "cpu":
-            options["backend"] = inductor_on_one_thread
+        options, config = compile_options(self.target.device), dict(settings)
+        if self.target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
+            options["backend"], config["cpp.threads"] = inductor_on_one_thread, self.threads
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, **options)
-        threads = {"cpp.threads": self.threads} if self.target.device.type == "cpu" else {}
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
             example = self.target.example(bucket)
-        with torch._inductor.config.patch({**settings, **threads}):
+        with torch._inductor.config.patch(config):
             return compiled, floating(compiled(*example))

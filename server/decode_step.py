@@ -60,10 +60,17 @@ def eager_step(model: GPT, n_layer: int) -> StepFn:
     return step
 
 
-def write_inputs(n: int, tokens: list[int], positions: list[int], eos_bias: list[float], *inputs: torch.Tensor) -> None:
-    """A step's values into rows 0..n-1 of its input tensors (tokens, positions, EOS biases); padding rows
-    write to column 0 of free slots, which a prefill overwrites."""
-    tok, pos, bias = inputs
+def write_inputs(
+    n: int,
+    tokens: list[int],
+    positions: list[int],
+    eos_bias: list[float],
+    tok: torch.Tensor,
+    pos: torch.Tensor,
+    bias: torch.Tensor,
+) -> None:
+    """A step's values into rows 0..n-1 of its input tensors; padding rows write to column 0 of free
+    slots, which a prefill overwrites."""
     if tok.device.type == "cpu":  # through numpy views of the same memory: 1 against 17 us a step
         tok, pos, bias = tok.numpy(), pos.numpy(), bias.numpy()
     else:
