@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
+from models.device import resolve_device  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from scripts.processes import http_server, wait_compiled  # noqa: E402
 from server.config import Settings  # noqa: E402
@@ -65,9 +66,15 @@ def hf_twin(model, dtype: torch.dtype):
     return GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, **sizes, **special)).to(dtype).eval()
 
 
+# Every side runs where the server runs (TINYSERVE_DEVICE; CUDA when present), so a peer is timed on the same device.
+DEVICE = resolve_device(Settings().device)
+
+
 def seconds(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
     fn()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     return time.perf_counter() - t
 
 
@@ -96,20 +103,21 @@ class HFPeer:
 
     def __init__(self, model_id: str, dtype: str) -> None:
         model, tok = load_gpt(STORE_ROOT / model_id)
-        self.twin = hf_twin(model, getattr(torch, dtype))
+        self.twin = hf_twin(model, getattr(torch, dtype)).to(DEVICE)
         self.prompt_ids = tok.encode(PROMPT).ids
 
     def tokens_per_s(self, lengths: list[int], batch: int) -> float:
         """Requests for `lengths` new tokens, in batches of `batch`: requested tokens per second."""
-        t = time.perf_counter()
-        for i in range(0, len(lengths), batch):
-            n = lengths[i : i + batch]
-            x = torch.tensor([self.prompt_ids] * len(n))
-            with torch.inference_mode():
-                self.twin.generate(
-                    x, attention_mask=torch.ones_like(x), max_new_tokens=max(n), min_new_tokens=max(n), do_sample=False
-                )
-        return sum(lengths) / (time.perf_counter() - t)
+
+        def run() -> None:
+            for i in range(0, len(lengths), batch):
+                n = lengths[i : i + batch]
+                x = torch.tensor([self.prompt_ids] * len(n), device=DEVICE)
+                with torch.inference_mode():
+                    mask, new = torch.ones_like(x), max(n)
+                    self.twin.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+        return sum(lengths) / seconds(run)
 
 
 def served_compiled(settings: Settings, model_id: str) -> tuple[ModelRegistry, ServedModel]:
@@ -161,13 +169,15 @@ class MatmulFloor:
     def __init__(self, model_id: str, dtype: str) -> None:
         model, _ = load_gpt(STORE_ROOT / model_id)
         dt = getattr(torch, dtype)
-        self.weights = [(m.weight.detach().to(dt), m.bias) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        self.weights = [(w, None if b is None else b.detach().to(dt)) for w, b in self.weights]
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        self.weights = [(m.weight.detach().to(DEVICE, dt), m.bias) for m in linears]
+        self.weights = [(w, None if b is None else b.detach().to(DEVICE, dt)) for w, b in self.weights]
         self.dtype = dt
 
     @torch.inference_mode()
     def step_ms(self, rows: int) -> float:
-        inputs = {w.shape[1]: torch.randn(rows, 1, w.shape[1], dtype=self.dtype) for w, _ in self.weights}
+        widths = {w.shape[1] for w, _ in self.weights}
+        inputs = {d: torch.randn(rows, 1, d, dtype=self.dtype, device=DEVICE) for d in widths}
 
         def chain() -> None:
             for w, b in self.weights:
@@ -194,7 +204,7 @@ class FillMaskHF:
     def __init__(self, folder: str) -> None:
         import transformers
 
-        self.pipe = transformers.pipeline("fill-mask", model=folder)
+        self.pipe = transformers.pipeline("fill-mask", model=folder, device=DEVICE)
 
     def p50_s(self, text: str) -> float:
         return statistics.median(seconds(lambda: self.pipe(text, top_k=5)) for _ in range(15))
@@ -326,6 +336,7 @@ def main() -> None:
     parser.add_argument(
         "--fill-mask-only", action="store_true", help="measure only the fill-mask row and print it (no file written)"
     )
+    parser.add_argument("--no-fill-mask", action="store_true", help="leave out the fill-mask row")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)  # internal: one side's process
     args = parser.parse_args()
     if args.worker:
@@ -443,8 +454,8 @@ def main() -> None:
         worker.close()
 
     http_ms, in_ms = statistics.median(over["http"]) * 1e3, statistics.median(over["in_process"]) * 1e3
+    rows += [fill_mask_row(args.rounds)] if not args.no_fill_mask else []
     rows += [
-        fill_mask_row(args.rounds),
         (
             "/generate, 8 tokens: HTTP vs engine",
             f"{http_ms:.1f} ms",
@@ -461,6 +472,8 @@ def main() -> None:
         + ["| " + " | ".join(r) + " |" for r in rows]
     )
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    if DEVICE.type == "cuda":
+        machine += f", {torch.cuda.get_device_name(DEVICE)}"
     text = (
         f"Measured by `python bench/bench_serving.py --rounds {args.rounds}` on {machine}, model `{args.model}` "
         f"({info['params']:,} parameters, served in {dtype}; compiled buckets {info['compiled']}).\n\n{table}\n"

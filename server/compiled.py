@@ -10,7 +10,8 @@ layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step ag
 the weights as graph inputs). Freezing is set in inductor's config around the first call; passed as
 torch.compile(options=...) it never took effect, so the figures of docs/BENCHMARKS.md before
 session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is compiled with
-mode="reduce-overhead", which replays it as a CUDA graph.
+inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
+(server/cuda_graphs.py).
 
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
 compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
@@ -73,11 +74,6 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: s
     form = [] if weights == "native" else [weights]  # native keys stay those of earlier caches
     text = json.dumps([files, str(dtype), device.type, torch.__version__, *form], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def compile_options(device: torch.device) -> dict:
-    """torch.compile's arguments: on CUDA, CUDA graphs over the fixed-shape step."""
-    return {"mode": "reduce-overhead"} if device.type == "cuda" else {}
 
 
 # Up to this many rows a step's matrix products run faster in inductor's C++ GEMM template than in the
@@ -239,7 +235,8 @@ class BackgroundCompiler:
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the call compiles it)."""
         fn = own_code(self.target.eager, self.label(bucket))
-        options, config = compile_options(self.target.device), dict(settings)
+        # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
+        options, config = {}, dict(settings)
         if self.target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
             options["backend"], config["cpp.threads"] = inductor_on_one_thread, self.threads
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, **options)

@@ -6,11 +6,11 @@ key columns of each, S = p rounded up to a multiple of 16 (reading all `context`
 cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
 Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
-a compiled graph (and on CUDA, a captured graph) needs. Until a b's compiled step is ready
-(server/compiled.py builds them off the request path), the same step runs eagerly (on the CPU in
-bf16 with prepacked linear layers: server/prepacked.py). The step takes the cache views as arguments
-rather than reading the model's cache attribute: a compiler freezing the weights must see the cache
-as inputs it mutates, not as constants.
+a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/cuda_graphs.py). Until
+a b's compiled step is ready (server/compiled.py builds them off the request path), the same step
+runs eagerly (on the CPU in bf16 with prepacked linear layers: server/prepacked.py). The step takes
+the cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
+weights must see the cache as inputs it mutates, not as constants.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.sampling import greedy_choice
+from server.cuda_graphs import CUDAGraphs
 from server.prepacked import prepacked_copy
 from server.runners.base import StepOutput
 
@@ -99,6 +100,7 @@ class DecodeStep:
             self.cache = model.setup_cache(max_rows, columns=self.context + 1)
         self.eager = eager_step(model, model.config.n_layer)
         self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
+        self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
         self._rows: dict[int, tuple[torch.Tensor, ...]] = {}
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
@@ -153,7 +155,11 @@ class DecodeStep:
             # each function holds one graph, built for inputs strided as these: evaluating its guards (a
             # quarter of a millisecond a step at one row) could only confirm it
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                greedy, logprobs, logits = self.compiled[rows](tok, pos, bias, *cache)
+                if self.graphs is not None:
+                    outputs = self.graphs((rows, columns), self.compiled[rows], tok, pos, bias, *cache)
+                else:
+                    outputs = self.compiled[rows](tok, pos, bias, *cache)
+            greedy, logprobs, logits = outputs
         else:
             greedy, logprobs, logits = self.uncompiled(tok, pos, bias, *cache)
         return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])

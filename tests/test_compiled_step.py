@@ -8,7 +8,7 @@ import torch
 
 from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
-from server.compiled import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, cache_key, compile_options, inductor_settings
+from server.compiled import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, cache_key, inductor_settings
 from server.engine import GenerationEngine
 from server.runners.gpt import GPTRunner
 from tests.conftest import tiny_gpt
@@ -66,6 +66,29 @@ def test_compiled_step_gives_the_eager_tokens(variant):
         eager.stop()
         compiled.stop()
     assert len(got) == 64 and got == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_steps_compiled_on_the_compilers_thread_replay_as_graphs_on_the_engines():
+    """As the server runs them: built by a BackgroundCompiler's thread, run on the engine's, where each
+    (rows, columns) shape is captured once and replayed; the tokens are eager's."""
+    model = tiny_gpt(vocab_size=97, context_length=128, positions="rope").cuda()
+    prompt = [5, 17, 3, 42, 8, 11, 2, 9]
+    eager, compiled = started(model), started(model)
+    try:
+        want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
+        compiled.generate(prompt, SamplingParams(max_new_tokens=1))  # allocates the static cache
+        step = compiled.runner.step
+        compiler = BackgroundCompiler(step, step.compile_order(2), None, "test")
+        compiler.start()
+        assert compiler.done.wait(600) and not compiler.failed and sorted(step.compiled) == [1, 2]
+        got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
+        again = [e.id for e in compiled.generate(prompt, GREEDY)[0]]  # replays the graphs captured above
+    finally:
+        eager.stop()
+        compiled.stop()
+    assert got == want and again == want
+    assert not step.graphs.failed and {(1, columns) for columns in (16, 32, 48, 64, 80)} <= set(step.graphs.graphs)
 
 
 def test_a_step_reads_its_longest_rows_columns_rounded_up():
@@ -176,10 +199,10 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
     assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(got[0], want[0], strict=True))
 
 
-def test_cuda_steps_are_cuda_graphs_and_cpu_steps_freeze_weights():
+def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert compile_options(cuda) == {"mode": "reduce-overhead"} and inductor_settings(cuda, 1) == {}
-    assert compile_options(cpu) == {} and inductor_settings(cpu, 32) == {"freezing": True}
+    assert inductor_settings(cuda, 1) == {} and inductor_settings(cpu, 32) == {"freezing": True}
+    assert GPTRunner(tiny_gpt(vocab_size=97), None, 2).step.graphs is None  # CUDA graphs only on CUDA
     few_rows = inductor_settings(cpu, 1)  # the C++ GEMM template, offered alone: nothing to benchmark
     assert few_rows["freezing"] and few_rows["max_autotune"] and few_rows["max_autotune_gemm_backends"] == "CPP"
     most = TEMPLATE_GEMM_MAX_ROWS
