@@ -282,7 +282,7 @@ class GPT(nn.Module):
         context_length tokens; generation stops at the context limit or at the end-of-text token.
         Stop sequences are matched on text, which is the detokenizer's job: the server's, not this.
         """
-        idx = idx[:, -self.config.context_length :]
+        idx = idx[:, -self.config.context_length :].to(self.lm_head.weight.device)  # a prompt from the CPU
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         state = SequenceState(params, idx[0].tolist(), 0, generator)
         T = idx.shape[1]
@@ -290,7 +290,8 @@ class GPT(nn.Module):
         logits = self(idx, input_pos=torch.arange(T, device=idx.device).view(1, T), cache=cache).logits[:, -1]  # (1, V)
         out: list[int] = []
         for pos in range(T, T + min(params.max_new_tokens, self.config.context_length - T)):
-            token = sample(logits, [state], self.config.eos_token_id)[0].token
+            # on the CPU, as the server samples, with the CPU generator: the same tokens on every device
+            token = sample(logits.cpu(), [state], self.config.eos_token_id)[0].token
             if token == self.config.eos_token_id:
                 break
             out.append(token)

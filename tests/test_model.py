@@ -113,6 +113,15 @@ def test_generate_greedy_is_deterministic_and_stops_at_eos():
     assert always_stop.shape[1] == 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_model_samples_a_cpu_prompt_as_the_cpu_model_does():
+    """Training's samples (model cards, the EOS table, `complete`) pass CPU prompts to a model on the GPU."""
+    prompt = torch.randint(1, 97, (1, 5))
+    params = SamplingParams(max_new_tokens=10, temperature=0.8, top_k=20, seed=3, eos_bias=float("-inf"))
+    on_cpu = tiny_gpt().generate(prompt, params)
+    assert tiny_gpt().cuda().generate(prompt, params).tolist() == on_cpu.tolist()
+
+
 def test_gradients_flow_to_every_parameter():
     model = tiny_gpt(dropout=0.1)
     model.train()
