@@ -73,7 +73,10 @@ class RelationalAttention(nn.Module):
         alpha = normalise((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim))  # (B, H, T, S)
         a = F.dropout(alpha, dropout_p, self.training)
         relations = (q_rel @ k_rel.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, R, T, S)
-        y = torch.einsum("bhts,brts,hrd->bhtd", a, relations, self.w_r)  # (B, H, T, D)
+        # two contractions, not one three-operand einsum: with opt_einsum installed, torch picks that one's
+        # order from the sizes, and a compiled step's dynamic key columns S became a constant
+        mixed = torch.einsum("bhts,brts->bhtr", a, relations)  # (B, H, T, R)
+        y = torch.einsum("bhtr,hrd->bhtd", mixed, self.w_r)  # (B, H, T, D)
         if symbols:
             y = y + a @ symbols[0]
         else:  # distances beyond the table only occur for masked keys
