@@ -25,6 +25,7 @@ compile at every start (the cache serves CUDA's graphs), as measured in docs/BEN
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -162,6 +163,16 @@ def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
     return value
 
 
+def settle_garbage() -> None:
+    """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
+    collections. Python's full collections traverse every tracked object and run on whichever thread
+    allocates, the compute thread too: while the store compiled they grew from 40 to 350 ms a pass, and
+    a completion waited out one (0.78 s, docs/BENCHMARKS.md session 19). This one runs on the compiling
+    thread, which waits for running requests first (YieldToRequests)."""
+    gc.collect()
+    gc.freeze()
+
+
 class BackgroundCompiler:
     """Compiles a target's buckets in the given order on a thread of its own; `start` returns at once."""
 
@@ -193,6 +204,7 @@ class BackgroundCompiler:
                 except Exception as e:  # the bucket stays eager; the client never sees this
                     self.failed[bucket] = f"{type(e).__name__}: {e}"
                     log.warning("%s stays eager: %s", self.label(bucket), self.failed[bucket])
+                settle_garbage()
         finally:
             self.done.set()
 

@@ -75,3 +75,39 @@ def test_the_default_models_compile_first(store, tmp_path, monkeypatch):
         ]
     finally:
         registry.stop()
+
+
+def test_each_build_collects_its_garbage_then_freezes_what_survives():
+    """Python's full collections must not traverse what compiling leaves (they reached 350 ms and stalled
+    requests): after each bucket the compiler collects the garbage, which freezing would keep forever,
+    then freezes the survivors."""
+    import gc
+    import weakref
+
+    import torch
+
+    from server.compiled import BackgroundCompiler
+
+    class Unbuildable:  # every bucket fails at once: the settling must not depend on a build succeeding
+        device, dtype, compiled = torch.device("cpu"), torch.float32, {}
+
+        def matmul_rows(self, bucket):
+            raise RuntimeError("not today")
+
+    class Cycle:
+        pass
+
+    garbage = Cycle()
+    garbage.me = garbage
+    survivor = Cycle()
+    survivor.me = survivor
+    gone, kept = weakref.ref(garbage), weakref.ref(survivor)
+    del garbage
+    gc.unfreeze()
+    try:
+        compiler = BackgroundCompiler(Unbuildable(), [1, 2], None, "test")
+        compiler.run()
+        assert set(compiler.failed) == {1, 2} and gone() is None
+        assert gc.get_freeze_count() > 0 and kept() is survivor
+    finally:
+        gc.unfreeze()
