@@ -195,7 +195,12 @@ class BackgroundCompiler:
 
     def run(self) -> None:
         """Build every bucket in turn (on the calling thread)."""
+        threshold = gc.get_threshold()
+        # Python's own full collections made rare meanwhile (one per 100 younger ones, not 10): they would
+        # run on whatever thread allocates, and settle_garbage runs one between builds
+        gc.set_threshold(threshold[0], threshold[1], 100)
         try:
+            settle_garbage()  # what loading left: the first build's collections then skip it
             for bucket in self.buckets:
                 try:
                     t = time.perf_counter()
@@ -206,6 +211,7 @@ class BackgroundCompiler:
                     log.warning("%s stays eager: %s", self.label(bucket), self.failed[bucket])
                 settle_garbage()
         finally:
+            gc.set_threshold(*threshold)
             self.done.set()
 
     def label(self, bucket: Hashable) -> str:
