@@ -166,8 +166,8 @@ def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
 def settle_garbage() -> None:
     """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
     collections. Python's full collections traverse every tracked object and run on whichever thread
-    allocates, the compute thread too: while the store compiled they grew from 40 to 350 ms a pass, and
-    a completion waited out one (0.78 s, docs/BENCHMARKS.md session 19). This one runs on the compiling
+    allocates, the compute thread too: while the store compiled they grew from 40 to over 800 ms a pass,
+    and a completion waited out one (0.78 s, docs/BENCHMARKS.md session 19). This one runs on the compiling
     thread, which waits for running requests first (YieldToRequests)."""
     gc.collect()
     gc.freeze()
