@@ -45,11 +45,12 @@ class CUDAGraphs:
     def capture(self, fn: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, Any]:
         """A warm-up run on a side stream (libraries set up their handles outside the capture; a step's
         writes to the cache are repeated alike by the replay that follows), then the capture."""
+        main = torch.cuda.current_stream(args[0].device)
         side = torch.cuda.Stream(args[0].device)
-        side.wait_stream(torch.cuda.current_stream(args[0].device))
+        side.wait_stream(main)
         with torch.cuda.stream(side):
             fn(*args)
-        torch.cuda.current_stream(args[0].device).wait_stream(side)
+        main.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = fn(*args)
