@@ -6,7 +6,12 @@ bf16's. On the CPU, a product of few rows calls aten's `_weight_int8pack_mm` (in
 activations; inductor lowers it to its C++ GEMM template or keeps aten's kernel); a product of more rows
 dequantizes the weight into an ordinary linear product, which a compiler freezing the weights folds into
 a constant and prepacks for oneDNN's GEMM (at 32 x 384 x 1536, 109 us against aten's int8 kernel's 293
-us: docs/BENCHMARKS.md, session 13). Elsewhere the scales multiply the product (gpt-fast's form).
+us: docs/BENCHMARKS.md). Elsewhere the scales multiply the product (gpt-fast's form).
+
+Without AVX-512, aten's int8 kernel is vectorized for bf16 activations only (its float32 path is
+scalar: 8x slower than a float32 product there) and inductor's int8 GEMM template takes bf16
+activations only; so a float32 model's int8 layers round their activations to bf16 for the kernel on
+such CPUs (`kernel_dtype`), as a bf16 model's are everywhere.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from models import cpu
 
 INT8_KERNEL_MAX_ROWS = 4  # products of more rows dequantize the weight (the module docstring says why)
 
@@ -27,7 +34,8 @@ class WeightOnlyInt8Linear(nn.Module):
         scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127  # symmetric, per output channel
         self.register_buffer("weight", (w / scales.unsqueeze(1)).round().clamp(-127, 127).to(torch.int8))
         dtype = linear.weight.dtype
-        self.register_buffer("scales", scales.to(dtype))
+        self.kernel_dtype = int8_kernel_dtype(dtype) if linear.weight.device.type == "cpu" else dtype
+        self.register_buffer("scales", scales.to(self.kernel_dtype))  # in the kernel's activation dtype
         self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -37,8 +45,8 @@ class WeightOnlyInt8Linear(nn.Module):
         elif not self.kernel_serves(x):
             return F.linear(x, self.dequantized(x.dtype), self.bias)
         else:
-            rows = x.reshape(-1, self.in_features)  # (M, in)
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
+            rows = x.reshape(-1, self.in_features).to(self.kernel_dtype)  # (M, in)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
     def kernel_serves(self, x: torch.Tensor) -> bool:
@@ -50,6 +58,23 @@ class WeightOnlyInt8Linear(nn.Module):
         never folds an int8 -> bf16 conversion (it keeps it for its int8 kernels, and the product would
         dequantize at every call); int8 -> float32 it folds."""
         return (self.weight.float() * self.scales.float().unsqueeze(1)).to(dtype)
+
+
+def int8_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype aten's int8 kernel and inductor's int8 template get for a model in dtype:
+    bf16 for a float32 model on a CPU without AVX-512 (the module docstring says why)."""
+    if dtype == torch.float32 and not cpu.cpu_features().isa.startswith("AVX512"):
+        return torch.bfloat16
+    return dtype
+
+
+def int8_kernel_name(dtype: torch.dtype) -> str:
+    """What computes a few-row int8 product for a model in dtype (for logs and /info)."""
+    kernel_dtype = int8_kernel_dtype(dtype)
+    activations = str(kernel_dtype).removeprefix("torch.") + " activations"
+    if kernel_dtype != dtype:
+        activations += " (aten's float32 int8 path is scalar without AVX-512)"
+    return f"aten's int8 kernel / inductor's int8 GEMM template (<= {INT8_KERNEL_MAX_ROWS} rows), {activations}"
 
 
 def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> nn.Module:

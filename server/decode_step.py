@@ -21,6 +21,7 @@ import torch
 
 from model_store import GPT
 from models.kv_cache import StaticKVCache
+from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.cuda_graphs import CUDAGraphs
 from server.prepacked import prepacked_copy
@@ -82,6 +83,14 @@ def write_inputs(
     bias[:n] = eos_bias
 
 
+def rounding_dtype(model: GPT) -> torch.dtype:
+    """The coarsest dtype the step's products round to: the weights', or bf16 where int8 layers give
+    their kernel bf16 activations (models/quantize.py)."""
+    dtypes = {next(model.parameters()).dtype}
+    dtypes |= {m.kernel_dtype for m in model.modules() if isinstance(m, WeightOnlyInt8Linear)}
+    return max(dtypes, key=lambda d: torch.finfo(d).eps)
+
+
 class DecodeStep:
     def __init__(self, model: GPT, max_rows: int) -> None:
         self.model = model
@@ -89,7 +98,7 @@ class DecodeStep:
         self.row_buckets = buckets(max_rows)
         self.context = model.config.context_length
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = rounding_dtype(model)  # sets the compiled step's tolerance
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
@@ -134,7 +143,10 @@ class DecodeStep:
         # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
         # fail on the compute thread and recompile there, on the request path
         shapes = [(rows, *t.shape[1:]) for t in self.cache.tensors()]
-        full = [torch.randn(shape, generator=generator, device=self.device).to(self.dtype) for shape in shapes]
+        full = [
+            torch.randn(shape, generator=generator, device=self.device).to(t.dtype)
+            for shape, t in zip(shapes, self.cache.tensors(), strict=True)
+        ]
         _, columns = self.bucket(rows, self.context // 2 + 1)
         cache = [t[:, :, :columns] for t in full]
         if self.context > COLUMN_STEP:  # more than one column count: one graph for all of them

@@ -19,6 +19,7 @@ import itertools
 import torch
 import torch.nn as nn
 
+from models import cpu
 from models.quantize import WeightOnlyInt8Linear, replace_linears
 
 
@@ -47,10 +48,10 @@ class PrepackedInt8Linear(nn.Module):
 
 
 def prepacks(model: nn.Module) -> bool:
-    """Whether prepacking applies: bf16 weights on a CPU with oneDNN (float32 eager runs MKL's GEMM as
-    it is; CUDA has no reorder)."""
+    """Whether prepacking applies: bf16 weights on a CPU where oneDNN computes bf16 (float32 eager runs
+    MKL's GEMM as it is; without AVX-512 oneDNN's bf16 reorder raises; CUDA has no reorder)."""
     p = next(model.parameters())
-    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and cpu.cpu_features().onednn_bf16
 
 
 def prepacked_copy(model: nn.Module) -> nn.Module:

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from model_store import CheckpointError, CheckpointInfo, list_checkpoints, load_mlm, resolve
-from models.device import resolve_device
 from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, cache_key
 from server.compute import ComputeThread, behind_requests
 from server.config import Settings
 from server.encoder_step import EncoderStep
 from server.engine import GenerationEngine
+from server.placement import Placement, plan
 from server.runners import CAUSAL_ARCHITECTURES, CausalLMRunner, load_runner
 
 log = logging.getLogger("tinyserve")
@@ -65,18 +65,6 @@ class ServedModel:
     compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: half precision where the hardware computes it natively. A decode step reads every weight
-    for one token, so bytes are time: bf16 ran the compiled step 3x faster than float32 on an
-    AVX512-BF16 CPU, with the same test perplexity (docs/BENCHMARKS.md)."""
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.float16
-        native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        return torch.bfloat16 if native_bf16 else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 @dataclass
 class ModelRegistry:
     settings: Settings
@@ -112,14 +100,22 @@ class ModelRegistry:
             self.loaded.set()
 
     @functools.cached_property
-    def placement(self) -> tuple[torch.device, torch.dtype]:
-        """Where, and in what dtype, every model is served (the `device` and `dtype` settings)."""
-        device = resolve_device(self.settings.device)
-        return device, resolve_dtype(self.settings.dtype, device)
+    def placement(self) -> Placement:
+        """Where, in what dtype and on which kernels every model is served, and why (logged once)."""
+        placed = plan(self.settings.device, self.settings.dtype, self.settings.weights)
+        log.info(
+            "placement: %s/%s, %s weights, kernels: %s (%s)",
+            placed.device,
+            placed.dtype,
+            placed.weights,
+            placed.kernels,
+            placed.why,
+        )
+        return placed
 
     def _load_checkpoint(self, info: CheckpointInfo) -> ServedModel | None:
         """Load one checkpoint into `models` (on the compute thread), or record why it is refused."""
-        device, dtype = self.placement
+        device, dtype = self.placement.device, self.placement.dtype
         served = None
         try:
             if not info.ok:

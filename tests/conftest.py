@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model_store.store import write_checkpoint, write_manifest
+from models import cpu
 from models.esperberto import build_model, make_config, save_model
 from models.gpt import GPT, GPTConfig
 from models.tokenizer import eos_id
@@ -21,6 +22,20 @@ from training.tokenizer import train_bpe
 os.environ.setdefault("TINYSERVE_DTYPE", "float32")
 os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
 os.environ.setdefault("TINYSERVE_READY_AFTER", "all")
+
+# A test of a kernel this CPU lacks is skipped with the reason; its branch of the code is still tested
+# on every CPU, by monkeypatching models.cpu.cpu_features (`emulate_cpu`).
+needs_onednn_bf16 = pytest.mark.skipif(
+    not cpu.cpu_features().onednn_bf16, reason="no oneDNN bf16 kernels on this CPU (needs AVX-512 or AVX-NE-CONVERT)"
+)
+AVX2 = cpu.CPUFeatures(isa="AVX2", onednn_bf16=False, avx512_bf16=False, amx=False, vnni=False)
+AVX512_BF16 = cpu.CPUFeatures(isa="AVX512", onednn_bf16=True, avx512_bf16=True, amx=False, vnni=True)
+
+
+def emulate_cpu(monkeypatch, features: cpu.CPUFeatures) -> None:
+    """Every CPU-dependent choice of the code sees these features (kernels still run as the CPU can)."""
+    monkeypatch.setattr(cpu, "cpu_features", lambda: features)
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_WIKI = FIXTURES / "tiny_wiki"

@@ -5,11 +5,12 @@ import torch
 import torch.nn as nn
 
 from server.decode_step import DecodeStep
-from server.prepacked import PrepackedLinear, prepacked_copy
-from tests.conftest import tiny_gpt
+from server.prepacked import PrepackedLinear, prepacked_copy, prepacks
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, needs_onednn_bf16, tiny_gpt
 from tests.test_compiled_step import VARIANTS
 
 
+@needs_onednn_bf16
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bf16_steps_run_prepacked_layers_on_a_copy_that_shares_the_other_weights(variant):
     model = tiny_gpt(vocab_size=97, context_length=64, **VARIANTS[variant]).to(torch.bfloat16).eval()
@@ -33,6 +34,7 @@ def test_float32_steps_run_the_model_itself():
     assert prepacked_copy(model) is model
 
 
+@needs_onednn_bf16
 def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
     from server.runners.gpt import GPTRunner
 
@@ -51,6 +53,7 @@ def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
     assert calls, "the prefill ran the plain model's linear layers"
 
 
+@needs_onednn_bf16
 def test_int8_models_keep_the_int8_kernel_for_few_rows_and_prepack_the_rest():
     from models.quantize import INT8_KERNEL_MAX_ROWS, quantize_int8
     from server.prepacked import PrepackedInt8Linear
@@ -72,3 +75,15 @@ def test_int8_models_keep_the_int8_kernel_for_few_rows_and_prepack_the_rest():
             got = layer(x).float()
             assert used == ["int8" if rows <= INT8_KERNEL_MAX_ROWS else "prepacked"]
             assert (got - want).abs().max() <= 2e-2 * (1 + want.abs().max())
+
+
+def test_bf16_prepacks_only_where_onednn_computes_bf16(monkeypatch):
+    model = tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval()
+    emulate_cpu(monkeypatch, AVX512_BF16)
+    assert prepacks(model)
+    emulate_cpu(monkeypatch, AVX2)  # oneDNN's bf16 reorder raises there: bf16 runs aten's own kernels
+    assert not prepacks(model) and prepacked_copy(model) is model
+    step = DecodeStep(model, 4)
+    with torch.inference_mode():
+        want, got = step.eager(*step.example(1)), step.uncompiled(*step.example(1))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])

@@ -98,6 +98,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         request_timeout_s=settings.request_timeout_s,
         default_eos_bias=settings.default_eos_bias,
         auth=settings.api_token is not None,
+        placement=registry.placement.describe(),
     )
 
 

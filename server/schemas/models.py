@@ -52,3 +52,6 @@ class Info(BaseModel):
     request_timeout_s: float
     default_eos_bias: float
     auth: bool
+    placement: dict = Field(
+        description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
+    )

@@ -1,0 +1,71 @@
+"""Where and how the models run: device, dtype, the weights' form and the kernels, each with the reason
+(the setting or the CPU feature that chose it). Decided once at start-up, logged, and shown by /info."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models import cpu
+from models.device import resolve_device
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+    weights: str  # "native" or "int8" (completion models' linear layers)
+    kernels: str  # what computes the linear layers
+    why: str  # the setting or CPU feature behind each choice
+    cpu: cpu.CPUFeatures | None  # None on CUDA
+
+    def describe(self) -> dict:
+        """/info's `placement`."""
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "weights": self.weights,
+            "kernels": self.kernels,
+            "why": self.why,
+            "cpu": self.cpu.as_dict() if self.cpu is not None else None,
+        }
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: half precision where the hardware computes it natively. A decode step reads every weight
+    for one token, so bytes are time: bf16 ran the compiled step 3x faster than float32 on an
+    AVX512-BF16 CPU, with the same test perplexity (docs/BENCHMARKS.md). Without native bf16, bf16 runs
+    on aten's fallback kernels, slower than float32 from a few rows on."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu.cpu_features().native_bf16 else torch.float32
+    return DTYPES[name]
+
+
+def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
+    device = resolve_device(device_name)
+    dtype = resolve_dtype(dtype_name, device)
+    if device.type != "cpu":
+        return Placement(device, dtype, weights, "inductor's Triton kernels, CUDA graphs", "device", None)
+    f = cpu.cpu_features()
+    native = "native bf16" if f.native_bf16 else "no AVX512-BF16 or AMX"
+    why = [f"dtype={dtype_name}" + (f" ({native})" if dtype_name == "auto" else "")]
+    if dtype == torch.bfloat16:
+        kernels = "oneDNN bf16, prepacked" if f.onednn_bf16 else "aten's bf16 fallback (no oneDNN bf16)"
+        why.append(f"oneDNN bf16 {'available' if f.onednn_bf16 else 'needs AVX-512'}")
+    else:
+        kernels = "MKL and inductor's C++ GEMM"
+    if weights == "int8":
+        kernels = f"int8: {int8_kernel(dtype)}; more rows: {kernels}"
+        why.append("weights=int8")
+    return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {f.name}", f)
+
+
+def int8_kernel(dtype: torch.dtype) -> str:
+    from models.quantize import int8_kernel_name
+
+    return int8_kernel_name(dtype)

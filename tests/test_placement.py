@@ -1,0 +1,31 @@
+"""The CPU's features decide the dtype, the prepacking and the int8 kernel; /info says which and why."""
+
+import torch
+
+from models import cpu
+from server.placement import plan
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu
+
+
+def test_the_probe_reads_torchs_view_of_the_cpu():
+    f = cpu.cpu_features()
+    assert f.isa == torch.backends.cpu.get_cpu_capability()
+    assert f.native_bf16 == (f.avx512_bf16 or f.amx)
+    if not f.isa.startswith("AVX512"):  # AVX-512 features are never claimed by an AVX2 (or emulated AVX2) CPU
+        assert not (f.avx512_bf16 or f.amx)
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch):
+    emulate_cpu(monkeypatch, AVX512_BF16)
+    p = plan("cpu", "auto", "native")
+    assert p.dtype == torch.bfloat16 and "native bf16" in p.why and "oneDNN bf16, prepacked" in p.kernels
+    emulate_cpu(monkeypatch, AVX2)
+    p = plan("cpu", "auto", "native")
+    assert p.dtype == torch.float32 and "no AVX512-BF16 or AMX" in p.why and "cpu avx2" in p.why
+
+
+def test_explicit_bf16_without_onednn_bf16_serves_on_atens_kernels_and_says_so(monkeypatch):
+    emulate_cpu(monkeypatch, AVX2)
+    p = plan("cpu", "bfloat16", "native")
+    assert p.dtype == torch.bfloat16 and "fallback" in p.kernels and "needs AVX-512" in p.why
+    assert p.describe()["cpu"]["name"] == "avx2" and p.describe()["dtype"] == "bfloat16"
