@@ -34,8 +34,12 @@ class WeightOnlyInt8Linear(nn.Module):
         scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127  # symmetric, per output channel
         self.register_buffer("weight", (w / scales.unsqueeze(1)).round().clamp(-127, 127).to(torch.int8))
         dtype = linear.weight.dtype
+        self.register_buffer("scales", scales.to(dtype))
         self.kernel_dtype = int8_kernel_dtype(dtype) if linear.weight.device.type == "cpu" else dtype
-        self.register_buffer("scales", scales.to(self.kernel_dtype))  # in the kernel's activation dtype
+        # aten's kernel takes its scales in its activations' dtype; a bf16 -> float32 conversion of the
+        # scales in `dequantized` would not be folded by a compiler (measured: 17 against 12.6 ms at 32 rows)
+        kernel_scales = scales.to(self.kernel_dtype) if self.kernel_dtype != dtype else None
+        self.register_buffer("kernel_scales", kernel_scales, persistent=False)
         self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -46,7 +50,8 @@ class WeightOnlyInt8Linear(nn.Module):
             return F.linear(x, self.dequantized(x.dtype), self.bias)
         else:
             rows = x.reshape(-1, self.in_features).to(self.kernel_dtype)  # (M, in)
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).view(*x.shape[:-1], -1).to(x.dtype)
+            scales = self.kernel_scales if self.kernel_scales is not None else self.scales
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, scales).view(*x.shape[:-1], -1).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
     def kernel_serves(self, x: torch.Tensor) -> bool:

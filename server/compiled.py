@@ -39,6 +39,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from models import cpu
+
 log = logging.getLogger("tinyserve")
 T = TypeVar("T")
 
@@ -77,12 +79,19 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: s
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-# Up to this many rows a step's matrix products run faster in inductor's C++ GEMM template than in the
-# prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32): the one-row step of
-# gpt-wikitext2 took 1.6 against 3.1 ms in bf16, 2.9 against 4.5 in float32; from 8 rows the
-# prepacked layers win (docs/BENCHMARKS.md, session 15). The template is the only choice offered,
-# so nothing is benchmarked at compile time.
+# On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
+# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32): the
+# one-row step of gpt-wikitext2 took 1.6 against 3.1 ms in bf16, 2.9 against 4.5 in float32; from 8 rows
+# the prepacked layers win (docs/BENCHMARKS.md). Without AVX-512 the template wins at every row count:
+# MKL's float32 GEMM took 1.7-2.2x its time at 8-32 rows on an AVX2 EPYC (MKL's generic path on AMD), and
+# oneDNN has no bf16 there. The template is the only choice offered, so nothing is benchmarked at compile time.
 TEMPLATE_GEMM_MAX_ROWS = 4
+PREPACKED = {"freezing": True}
+
+
+def template_serves(rows: int) -> bool:
+    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template."""
+    return rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().isa.startswith("AVX512")
 
 
 def inductor_settings(device: torch.device, rows: int) -> dict:
@@ -92,9 +101,9 @@ def inductor_settings(device: torch.device, rows: int) -> dict:
     appeared in the graph)."""
     if device.type == "cuda":
         return {}
-    if rows <= TEMPLATE_GEMM_MAX_ROWS:
-        return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
-    return {"freezing": True}
+    if template_serves(rows):
+        return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    return dict(PREPACKED)
 
 
 def own_code(fn: Callable, name: str) -> Callable:
@@ -229,7 +238,8 @@ class BackgroundCompiler:
         if saved is not None and saved.exists():
             torch.compiler.load_cache_artifacts(saved.read_bytes())
         rows = self.target.matmul_rows(bucket)
-        settings, fallback = (inductor_settings(self.target.device, n) for n in (rows, TEMPLATE_GEMM_MAX_ROWS + 1))
+        settings = inductor_settings(self.target.device, rows)
+        fallback = PREPACKED if self.target.device.type == "cpu" else settings
         try:
             compiled, got = self.compile(bucket, settings)
         except Exception as e:

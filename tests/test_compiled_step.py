@@ -11,7 +11,7 @@ from models.sampling import SamplingParams
 from server.compiled import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, cache_key, inductor_settings
 from server.engine import GenerationEngine
 from server.runners.gpt import GPTRunner
-from tests.conftest import tiny_gpt
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 VARIANTS = {
     "sinusoidal": {},
@@ -199,7 +199,8 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
     assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(got[0], want[0], strict=True))
 
 
-def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs():
+def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs(monkeypatch):
+    emulate_cpu(monkeypatch, AVX512_BF16)  # the prepacked layers win from 8 rows there
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert inductor_settings(cuda, 1) == {} and inductor_settings(cpu, 32) == {"freezing": True}
     assert GPTRunner(tiny_gpt(vocab_size=97), None, 2).step.graphs is None  # CUDA graphs only on CUDA
@@ -207,6 +208,13 @@ def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs():
     assert few_rows["freezing"] and few_rows["max_autotune"] and few_rows["max_autotune_gemm_backends"] == "CPP"
     most = TEMPLATE_GEMM_MAX_ROWS
     assert inductor_settings(cpu, most) == few_rows != inductor_settings(cpu, most + 1)
+
+
+def test_without_avx512_every_cpu_step_runs_its_matmuls_in_the_cpp_gemm_template(monkeypatch):
+    emulate_cpu(monkeypatch, AVX2)  # MKL's float32 GEMM is the slower there, and oneDNN has no bf16
+    template = inductor_settings(torch.device("cpu"), 1)
+    assert template["max_autotune_gemm_backends"] == "CPP"
+    assert all(inductor_settings(torch.device("cpu"), rows) == template for rows in (8, 32, 256))
 
 
 def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatch):
@@ -222,6 +230,7 @@ def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatc
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         template = generated_code()
         monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)
+        emulate_cpu(monkeypatch, AVX512_BF16)  # where the prepacked layers serve many rows (float32: MKL's)
         prepacked = generated_code()
     finally:
         engine.stop()
@@ -263,6 +272,7 @@ def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears(monkeypatc
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
+    emulate_cpu(monkeypatch, AVX512_BF16)  # (without AVX-512 every bucket runs the template)
 
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
