@@ -54,13 +54,16 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
     f = cpu.cpu_features()
     native = "native bf16" if f.native_bf16 else "no AVX512-BF16 or AMX"
     why = [f"dtype={dtype_name}" + (f" ({native})" if dtype_name == "auto" else "")]
+    avx512 = f.isa.startswith("AVX512")
+    compiled = "C++ GEMM template " + ("up to 4 rows, prepacked layers above" if avx512 else "at every row count")
     if dtype == torch.bfloat16:
-        kernels = "oneDNN bf16, prepacked" if f.onednn_bf16 else "aten's bf16 fallback (no oneDNN bf16)"
+        uncompiled = "prepacked oneDNN bf16" if f.onednn_bf16 else "aten's bf16 fallback"
         why.append(f"oneDNN bf16 {'available' if f.onednn_bf16 else 'needs AVX-512'}")
     else:
-        kernels = "MKL and inductor's C++ GEMM"
+        uncompiled = "aten (MKL)"
+    kernels = f"compiled steps: inductor's {compiled}; uncompiled: {uncompiled}"
     if weights == "int8":
-        kernels = f"int8: {int8_kernel(dtype)}; more rows: {kernels}"
+        kernels = f"int8 few-row products: {int8_kernel(dtype)}; {kernels}"
         why.append("weights=int8")
     return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {f.name}", f)
 

@@ -10,7 +10,7 @@ from server.compiled import BackgroundCompiler
 from server.engine import GenerationEngine
 from server.runners import load_runner
 from server.runners.gpt import GPTRunner
-from tests.conftest import tiny_gpt
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 
 def test_int8_linear_is_within_its_rounding_of_the_float_layer():
@@ -82,3 +82,19 @@ def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears(
         BackgroundCompiler(step, [rows], None, "test").build(rows)  # checked against eager
     packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
     assert packed and sum(packed.values()) >= 4 * 2  # the qkv, attention, MLP linears of both blocks (and the head)
+
+
+def test_without_avx512_a_float32_models_int8_kernel_gets_bf16_activations(monkeypatch):
+    """aten's int8 kernel is scalar for float32 activations there (8x slower than a float32 product)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    emulate_cpu(monkeypatch, AVX512_BF16)
+    assert WeightOnlyInt8Linear(linear).kernel_dtype == torch.float32
+    assert WeightOnlyInt8Linear(linear.to(torch.bfloat16)).kernel_dtype == torch.bfloat16
+    emulate_cpu(monkeypatch, AVX2)
+    q = WeightOnlyInt8Linear(linear.float())
+    assert q.kernel_dtype == torch.bfloat16 and q.kernel_scales.dtype == torch.bfloat16
+    assert q.scales.dtype == torch.float32  # what the dequantized products of many rows use
+    x = torch.randn(2, 64)
+    got, want = q(x), linear(x)
+    assert got.dtype == torch.float32 and (got - want).abs().max() <= 2e-2 * (1 + want.abs().max())
