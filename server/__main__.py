@@ -39,13 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own drain limit outlasts the streams' grace period (server/routers/sse.py)
     drain_s = int(settings.shutdown_grace_s) + 5
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        timeout_graceful_shutdown=drain_s,
-        timeout_keep_alive=settings.keep_alive_s,
-    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, timeout_graceful_shutdown=drain_s)
 
 
 if __name__ == "__main__":

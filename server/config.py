@@ -63,10 +63,4 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="when set, requests need 'Authorization: Bearer <token>'")
     auth_exempt: list[str] = Field(["/health", "/metrics"], description="paths that never need the token")
     cors_origins: list[str] = Field([], description="allowed CORS origins (closed by default)")
-    keep_alive_s: float = Field(
-        75.0,
-        gt=0,
-        description="idle keep-alive connections are closed after this long (uvicorn's 5 s default raced clients "
-        "that reuse a pooled connection after a pause: the request met a closing socket)",
-    )
     max_body_bytes: int = Field(1_000_000, ge=1, description="larger request bodies get 413")
