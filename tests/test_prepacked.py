@@ -29,9 +29,23 @@ def test_bf16_steps_run_prepacked_layers_on_a_copy_that_shares_the_other_weights
             assert (got[2].float() - want[2].float()).abs().max() / (1 + want[2].float().abs().max()) < 2e-2
 
 
-def test_float32_steps_run_the_model_itself():
+def test_float32_steps_run_the_model_itself(monkeypatch):
+    emulate_cpu(monkeypatch, AVX512_BF16)  # MKL's float32 GEMM as it is
     model = tiny_gpt(vocab_size=97, context_length=64).eval()
     assert prepacked_copy(model) is model
+
+
+def test_without_avx512_float32_steps_run_prepacked_layers_with_the_models_numbers(monkeypatch):
+    emulate_cpu(monkeypatch, AVX2)  # aten's float32 products would go to MKL's generic path there
+    model = tiny_gpt(vocab_size=97, context_length=64).eval()
+    packed = prepacked_copy(model)
+    assert any(isinstance(m, PrepackedLinear) for m in packed.modules())
+    step = DecodeStep(model, 4)
+    with torch.inference_mode():
+        for rows in (1, 4):
+            want, got = step.eager(*step.example(rows)), step.uncompiled(*step.example(rows))
+            assert torch.equal(got[0], want[0])
+            assert (got[2] - want[2]).abs().max() / (1 + want[2].abs().max()) < 1e-4
 
 
 @needs_onednn_bf16
