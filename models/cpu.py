@@ -27,6 +27,11 @@ class CPUFeatures:
     vnni: bool  # int8 dot products (AVX512-VNNI or AVX-VNNI)
 
     @property
+    def avx512(self) -> bool:
+        """AVX-512 kernels in aten and inductor (what splits the CPU classes this project measures)."""
+        return self.isa.startswith("AVX512")
+
+    @property
     def native_bf16(self) -> bool:
         """bf16 arithmetic as fast as its bytes suggest: what makes bf16 the CPU's serving dtype."""
         return self.avx512_bf16 or self.amx

@@ -68,7 +68,7 @@ class WeightOnlyInt8Linear(nn.Module):
 def int8_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     """The activation dtype aten's int8 kernel and inductor's int8 template get for a model in dtype:
     bf16 for a float32 model on a CPU without AVX-512 (the module docstring says why)."""
-    if dtype == torch.float32 and not cpu.cpu_features().isa.startswith("AVX512"):
+    if dtype == torch.float32 and not cpu.cpu_features().avx512:
         return torch.bfloat16
     return dtype
 
@@ -79,7 +79,8 @@ def int8_kernel_name(dtype: torch.dtype) -> str:
     activations = str(kernel_dtype).removeprefix("torch.") + " activations"
     if kernel_dtype != dtype:
         activations += " (aten's float32 int8 path is scalar without AVX-512)"
-    return f"aten's int8 kernel / inductor's int8 GEMM template (<= {INT8_KERNEL_MAX_ROWS} rows), {activations}"
+    few = f"aten's int8 kernel / inductor's int8 GEMM template (<= {INT8_KERNEL_MAX_ROWS} rows), {activations}"
+    return f"{few}; more rows: the dequantized weight in {str(dtype).removeprefix('torch.')} (int8 is no faster there)"
 
 
 def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> nn.Module:

@@ -91,7 +91,7 @@ PREPACKED = {"freezing": True}
 
 def template_serves(rows: int) -> bool:
     """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template."""
-    return rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().isa.startswith("AVX512")
+    return rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512
 
 
 def inductor_settings(device: torch.device, rows: int) -> dict:

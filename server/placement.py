@@ -9,6 +9,7 @@ import torch
 
 from models import cpu
 from models.device import resolve_device
+from models.quantize import int8_kernel_name
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -54,21 +55,14 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
     f = cpu.cpu_features()
     native = "native bf16" if f.native_bf16 else "no AVX512-BF16 or AMX"
     why = [f"dtype={dtype_name}" + (f" ({native})" if dtype_name == "auto" else "")]
-    avx512 = f.isa.startswith("AVX512")
-    compiled = "C++ GEMM template " + ("up to 4 rows, prepacked layers above" if avx512 else "at every row count")
+    compiled = "C++ GEMM template " + ("up to 4 rows, prepacked layers above" if f.avx512 else "at every row count")
     if dtype == torch.bfloat16:
         uncompiled = "prepacked oneDNN bf16" if f.onednn_bf16 else "aten's bf16 fallback"
         why.append(f"oneDNN bf16 {'available' if f.onednn_bf16 else 'needs AVX-512'}")
     else:
-        uncompiled = "aten (MKL)"
+        uncompiled = "aten (MKL)" if f.avx512 else "prepacked oneDNN float32"
     kernels = f"compiled steps: inductor's {compiled}; uncompiled: {uncompiled}"
     if weights == "int8":
-        kernels = f"int8 few-row products: {int8_kernel(dtype)}; {kernels}"
+        kernels = f"int8 few-row products: {int8_kernel_name(dtype)}; {kernels}"
         why.append("weights=int8")
     return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {f.name}", f)
-
-
-def int8_kernel(dtype: torch.dtype) -> str:
-    from models.quantize import int8_kernel_name
-
-    return int8_kernel_name(dtype)
