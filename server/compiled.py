@@ -83,7 +83,7 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: s
 # template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32): the
 # one-row step of gpt-wikitext2 took 1.6 against 3.1 ms in bf16, 2.9 against 4.5 in float32; from 8 rows
 # the prepacked layers win (docs/BENCHMARKS.md). Without AVX-512 the template wins at every row count:
-# MKL's float32 GEMM took 1.7-2.2x its time at 8-32 rows on an AVX2 EPYC (MKL's generic path on AMD), and
+# MKL's float32 GEMM took 1.7-2.9x its time at 8-32 rows on an AVX2 EPYC (bench/bench_cpu_gemm.py), and
 # oneDNN has no bf16 there. The template is the only choice offered, so nothing is benchmarked at compile time.
 TEMPLATE_GEMM_MAX_ROWS = 4
 PREPACKED = {"freezing": True}
