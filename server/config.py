@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     dtype: str = Field(
         "auto",
         description="auto (float16 on CUDA; bfloat16 on CPUs with native bf16, i.e. AVX512-BF16 or AMX; "
-        "else float32), float32, float16, bfloat16 (without AVX-512: aten's fallback kernels, slower than float32)",
+        "else float32), float32, float16, bfloat16 (without AVX-512: faster than float32 at one stream, slower at 32)",
     )
     weights: Literal["native", "int8"] = Field(
         "native",
