@@ -73,16 +73,6 @@ def int8_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def int8_kernel_name(dtype: torch.dtype) -> str:
-    """What computes a few-row int8 product for a model in dtype (for logs and /info)."""
-    kernel_dtype = int8_kernel_dtype(dtype)
-    activations = str(kernel_dtype).removeprefix("torch.") + " activations"
-    if kernel_dtype != dtype:
-        activations += " (aten's float32 int8 path is scalar without AVX-512)"
-    few = f"aten's int8 kernel / inductor's int8 GEMM template (<= {INT8_KERNEL_MAX_ROWS} rows), {activations}"
-    return f"{few}; more rows: the dequantized weight in {str(dtype).removeprefix('torch.')} (int8 is no faster there)"
-
-
 def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> nn.Module:
     """Every layer of the given kind (nn.Linear) in the module becomes make(layer), in place."""
     for name, child in list(module.named_children()):

@@ -9,7 +9,7 @@ import torch
 
 from models import cpu
 from models.device import resolve_device
-from models.quantize import int8_kernel_name
+from models.quantize import INT8_KERNEL_MAX_ROWS, int8_kernel_dtype
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -66,3 +66,13 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
         kernels = f"int8 few-row products: {int8_kernel_name(dtype)}; {kernels}"
         why.append("weights=int8")
     return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {f.name}", f)
+
+
+def int8_kernel_name(dtype: torch.dtype) -> str:
+    """What computes a few-row int8 product for a model in dtype (for logs and /info)."""
+    kernel_dtype = int8_kernel_dtype(dtype)
+    activations = str(kernel_dtype).removeprefix("torch.") + " activations"
+    if kernel_dtype != dtype:
+        activations += " (aten's float32 int8 path is scalar without AVX-512)"
+    few = f"aten's int8 kernel / inductor's int8 GEMM template (<= {INT8_KERNEL_MAX_ROWS} rows), {activations}"
+    return f"{few}; more rows: the dequantized weight in {str(dtype).removeprefix('torch.')} (int8 is no faster there)"

@@ -37,10 +37,7 @@ def test_health_models_info(client):
     card = client.get("/models/tiny-gpt").json()
     assert card["card"].startswith("# tiny gpt") and card["config"]["n_layer"] == 2
     info = client.get("/info").json()
-    assert info["max_new_tokens_cap"] == 40
-    assert (
-        info["placement"]["dtype"] == "float32" and info["placement"]["cpu"]["isa"] in info["placement"]["why"].upper()
-    )
+    assert info["max_new_tokens_cap"] == 40 and info["placement"]["dtype"] == "float32"
 
 
 def test_generate_tgi_format(client):

@@ -29,3 +29,14 @@ def test_explicit_bf16_without_onednn_bf16_serves_on_atens_kernels_and_says_so(m
     p = plan("cpu", "bfloat16", "native")
     assert p.dtype == torch.bfloat16 and "fallback" in p.kernels and "needs AVX-512" in p.why
     assert p.describe()["cpu"]["name"] == "avx2" and p.describe()["dtype"] == "bfloat16"
+
+
+def test_info_gives_the_placement_and_why(store):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.config import Settings
+
+    with TestClient(create_app(Settings(store=store))) as client:
+        placement = client.get("/info").json()["placement"]
+    assert placement["dtype"] == "float32" and placement["cpu"]["isa"] in placement["why"].upper()
