@@ -16,7 +16,8 @@ inductor's defaults (Triton kernels), and the compute thread replays it as a CUD
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
 compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
 shapes, and checked against the eager step before the engine may use it: a failure or a mismatch
-logs a line and leaves that bucket eager. Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
+logs a line and leaves that bucket eager. The engine then calls the built graph itself, not through
+dynamo (GraphCapture). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
 bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
 cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: on the CPU the passes
 compile at every start (the cache serves CUDA's graphs), as measured in docs/BENCHMARKS.md.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import sys
@@ -111,6 +113,81 @@ def own_code(fn: Callable, name: str) -> Callable:
     graph is the only entry of its cache (no recompile limit to hit, no chain of guards per call)."""
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+class GraphCapture:
+    """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
+    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.17 ms of a 1.2 ms
+    one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). Like vLLM's compile wrapper, which
+    also skips the guards, it relies on the caller: each bucket's step is called only with inputs
+    shaped and strided as the traced ones (its preallocated views)."""
+
+    def __init__(self, backend: Callable | str) -> None:
+        self.backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+        self.graphs: list[tuple[list, Callable]] = []  # (each graph input's source, the compiled graph)
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        sources = [node.meta["grapharg"].source for node in graph.graph.nodes if node.op == "placeholder"]
+        compiled = self.backend(graph, example_inputs)
+        self.graphs.append((sources, compiled))
+        return compiled
+
+    def direct(self, fn: Callable, returns_tensor: bool) -> Callable | None:
+        """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
+        None where it isn't one graph of those arguments alone."""
+        if len(self.graphs) != 1:
+            return None
+        sources, compiled = self.graphs[0]
+        getters = [argument_getter(source, fn) for source in sources]
+        if any(g is None for g in getters):
+            return None
+
+        def call(*args):
+            outputs = compiled(*[get(args) for get in getters])
+            return outputs[0] if returns_tensor else tuple(outputs)
+
+        return call
+
+
+def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
+    """How to read a graph input (dynamo's source: an argument, an item of one, a tensor's size or
+    stride) from fn's positional arguments; None for anything else (a global, a module's attribute)."""
+    from torch._dynamo.source import GetItemSource, LocalSource, TensorProperty, TensorPropertySource
+
+    if isinstance(source, LocalSource):
+        code = fn.__code__
+        names = code.co_varnames[: code.co_argcount]
+        if source.local_name in names:
+            i = names.index(source.local_name)
+            return lambda args: args[i]
+        if code.co_flags & inspect.CO_VARARGS and source.local_name == code.co_varnames[code.co_argcount]:
+            n = code.co_argcount
+            return lambda args: args[n:]
+        return None
+    base = argument_getter(getattr(source, "base", None), fn) if hasattr(source, "base") else None
+    if base is None:
+        return None
+    if isinstance(source, GetItemSource) and isinstance(source.index, int) and not source.index_is_slice:
+        index = source.index
+        return lambda args: base(args)[index]
+    if isinstance(source, TensorPropertySource):
+        dim = source.idx
+        if source.prop is TensorProperty.SIZE:
+            return lambda args: base(args).size(dim)
+        if source.prop is TensorProperty.STRIDE:
+            return lambda args: base(args).stride(dim)
+    return None
+
+
+def skipping_guards(compiled: Callable) -> Callable:
+    """A dynamo-compiled function called without evaluating its guards (a quarter of a millisecond a
+    one-row step): each function holds one graph, built for inputs strided as its callers'."""
+
+    def call(*args):
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return compiled(*args)
+
+    return call
 
 
 def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -261,14 +338,25 @@ class BackgroundCompiler:
         return compiled
 
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
-        """The bucket's compiled function, and its outputs on the scratch inputs (the call compiles it)."""
+        """The bucket's compiled function, and its outputs on the scratch inputs (the first call compiles it,
+        the second runs it as the engine will: directly, where the graph takes the function's arguments alone)."""
         fn = own_code(self.target.eager, self.label(bucket))
         # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
-        options, config = {}, dict(settings)
+        config = dict(settings)
+        capture = GraphCapture("inductor")
         if self.target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
-            options["backend"], config["cpp.threads"] = inductor_on_one_thread, self.threads
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False, **options)
+            capture, config["cpp.threads"] = GraphCapture(inductor_on_one_thread), self.threads
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
             example = self.target.example(bucket)
         with torch._inductor.config.patch(config):
-            return compiled, floating(compiled(*example))
+            output = compiled(*example)
+        traced = floating(output)
+        direct = capture.direct(fn, returns_tensor=isinstance(output, torch.Tensor))
+        if direct is None:
+            log.info("%s: called through dynamo (its graph reads more than its arguments)", self.label(bucket))
+            return skipping_guards(compiled), traced
+        got = floating(direct(*self.target.example(bucket)))
+        if [t.shape for t in got] != [t.shape for t in traced]:
+            raise StepMismatchError(f"the graph called directly gave {len(got)} outputs, dynamo's {len(traced)}")
+        return direct, got

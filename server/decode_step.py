@@ -164,13 +164,11 @@ class DecodeStep:
         tok, pos, bias, *cache = self.inputs(rows, columns)
         write_inputs(n, tokens, positions, eos_bias, tok, pos, bias)
         if rows in self.compiled:
-            # each function holds one graph, built for inputs strided as these: evaluating its guards (a
-            # quarter of a millisecond a step at one row) could only confirm it
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                if self.graphs is not None:
-                    outputs = self.graphs((rows, columns), self.compiled[rows], tok, pos, bias, *cache)
-                else:
-                    outputs = self.compiled[rows](tok, pos, bias, *cache)
+            # the graph called directly (server/compiled.py, GraphCapture): built for inputs strided as these
+            if self.graphs is not None:
+                outputs = self.graphs((rows, columns), self.compiled[rows], tok, pos, bias, *cache)
+            else:
+                outputs = self.compiled[rows](tok, pos, bias, *cache)
             greedy, logprobs, logits = outputs
         else:
             greedy, logprobs, logits = self.uncompiled(tok, pos, bias, *cache)

@@ -8,7 +8,14 @@ import torch
 
 from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
-from server.compiled import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, cache_key, inductor_settings
+from server.compiled import (
+    TEMPLATE_GEMM_MAX_ROWS,
+    BackgroundCompiler,
+    GraphCapture,
+    cache_key,
+    inductor_settings,
+    skipping_guards,
+)
 from server.engine import GenerationEngine
 from server.runners.gpt import GPTRunner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
@@ -134,6 +141,40 @@ def test_batched_equals_solo_with_compiled_steps():
     finally:
         engine.stop()
     assert batched == solo
+
+
+def test_a_built_step_runs_its_graph_without_dynamo():
+    """The engine calls the graph itself (GraphCapture): with dynamo's caches emptied and recompiling
+    forbidden, a step still runs, over a column count other than the scratch inputs'."""
+    model = tiny_gpt(vocab_size=97, context_length=64, positions="rope")
+    step = GPTRunner(model, None, 1).step
+    compiled = BackgroundCompiler(step, [1], None, "test").build(1)
+    tok, pos, bias, *cache = step.inputs(1, 48)
+    pos[0, 0] = 40
+    with torch.inference_mode():
+        want = step.eager(tok, pos, bias, *cache)
+        torch._dynamo.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            got = compiled(tok, pos, bias, *cache)
+    assert got[0].tolist() == want[0].tolist()
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
+
+
+SCALE = torch.tensor(3.0)
+
+
+def test_a_graph_that_reads_a_global_is_called_through_dynamo():
+    """A graph input that is not the function's argument (a global tensor here) has no direct call: the
+    bucket keeps dynamo's, which reads the global as it is at each call."""
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * SCALE
+
+    capture = GraphCapture(lambda graph, example_inputs: graph.forward)
+    compiled = torch.compile(scaled, fullgraph=True, backend=capture)
+    assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert capture.direct(scaled, returns_tensor=True) is None
+    assert skipping_guards(compiled)(torch.ones(2)).tolist() == [3.0, 3.0]
 
 
 def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
