@@ -29,6 +29,22 @@ NEOX_SETTINGS = {
     "score": "dot",
     "masking": "causal",
     "n_relational_head": 0,
+    # the options of the transformers families (model_store/families.py): a store folder of theirs is
+    # already a transformers checkpoint
+    "norm": "layernorm",
+    "mlp": "gelu",
+    "n_kv_head": None,
+    "head_size": None,
+    "qk_norm": False,
+    "rope_theta": 10000.0,
+    "rope_pairs": "interleaved",
+    "rotary_dim": None,
+    "rope_scaling": None,
+    "scale_embeddings": True,
+    "parallel_residual": False,
+    "qkv_bias": None,
+    "out_bias": None,
+    "mlp_bias": None,
 }
 
 

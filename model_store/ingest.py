@@ -1,10 +1,11 @@
 """`tinyserve store add SRC NAME`: a checkpoint folder enters the store, validated, copied, manifested.
 
-SRC is one of ours (a folder `write_checkpoint` or `tinyserve export` wrote) or a transformers causal
-LM saved with `save_pretrained` (GPT-2 or GPT-NeoX, safetensors weights, a tokenizer). What cannot be
-served safely is refused before anything is copied: pickled weights, remote code (`auto_map` or .py
-files), an architecture no runner serves. The copy then loads as the server would load it; a copy that
-does not load is removed again.
+SRC is one of ours (a folder `write_checkpoint` or `tinyserve export` wrote) or a transformers model
+saved with `save_pretrained` (safetensors weights, a tokenizer.json): a family of model_store/families.py
+(served by our decoder), another causal LM (served by transformers) or an EsperBERTo masked LM. What
+cannot be served safely is refused before anything is copied: pickled weights, remote code (`auto_map`
+or .py files), an architecture no runner serves. The copy then loads as the server would load it; a
+copy that does not load (a config value the decoder cannot compute exactly) is removed again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+from model_store.families import FAMILIES
 from model_store.store import (
     MANIFEST,
     PICKLE_SUFFIXES,
@@ -48,13 +50,14 @@ def check_source(src: Path) -> str:
         raise CheckpointError(
             src / "config.json",
             f"architecture {config.get('architectures') or config.get('architecture')!r} is not served "
-            "(ours, GPT2LMHeadModel, GPTNeoXForCausalLM, or an EsperBERTo masked LM)",
+            f"(ours, {', '.join(FAMILIES)}, or another transformers *ForCausalLM)",
         )
     return architecture
 
 
-def add_checkpoint(src: Path, name: str, root: Path) -> Path:
-    """Copy the servable files of `src` into root/name with a card, metrics and a manifest; return it."""
+def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = None) -> Path:
+    """Copy the servable files of `src` into root/name with a card, metrics and a manifest; return it.
+    The copy loads as the server will, its context capped at max_context (the server's setting)."""
     src = Path(src)
     architecture = check_source(src)
     dst = resolve(name, root)
@@ -70,7 +73,10 @@ def add_checkpoint(src: Path, name: str, root: Path) -> Path:
         if not (dst / "metrics.json").exists():
             (dst / "metrics.json").write_text("{}\n")
         write_manifest(dst)
-        LOADERS[architecture](dst)  # loads as the server will, or nothing is kept
+        if architecture == "gpt":  # loads as the server will, or nothing is kept
+            load_gpt(dst, max_context=max_context)
+        else:
+            LOADERS[architecture](dst)
     except Exception:
         shutil.rmtree(dst)
         raise

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from model_store.families import MissingTensor, decoder_checkpoint, family_of
 from models.gpt import GPT, GPTConfig
 from models.tokenizer import EOS_TOKEN
 
@@ -162,21 +163,11 @@ def validate(folder: Path) -> dict:
     return config
 
 
-MLM_ARCHITECTURES = {"RobertaForMaskedLM", "ModernBertForMaskedLM"}
-CAUSAL_LM_ARCHITECTURES = {"GPT2LMHeadModel", "GPTNeoXForCausalLM"}  # served through transformers
-
-
 def architecture_of(config: dict) -> str | None:
-    """'gpt' (our from-scratch model), 'causal-lm' (a transformers GPT-2 or GPT-NeoX) or 'mlm' (an
-    EsperBERTo masked LM: a transformers RoBERTa or ModernBERT)."""
-    if config.get("architecture") == "gpt":
-        return "gpt"
-    architectures = set(config.get("architectures") or [])
-    if architectures & CAUSAL_LM_ARCHITECTURES:
-        return "causal-lm"
-    if architectures & MLM_ARCHITECTURES:
-        return "mlm"
-    return None
+    """'gpt' (served by our decoder: ours, or a family model_store/families.py maps onto it), 'causal-lm'
+    (another transformers causal LM, served by transformers), 'mlm' (an EsperBERTo masked LM) or None."""
+    family = family_of(config)
+    return family.kind if family is not None else None
 
 
 @dataclass
@@ -204,19 +195,28 @@ def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
 
 
 def load_gpt(
-    folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_context: int | None = None
 ) -> tuple[GPT, Tokenizer]:
-    """Validate and load a GPT checkpoint in eval mode; shape mismatches name the tensor."""
+    """Validate and load a checkpoint our decoder serves (ours, or a transformers family mapped onto it,
+    its positions capped at max_context) in eval mode; shape mismatches name the tensor."""
     folder = Path(folder)
     config_dict = validate(folder)
     if architecture_of(config_dict) != "gpt":
-        raise CheckpointError(folder / "config.json", f"architecture {config_dict.get('architecture')!r} is not 'gpt'")
-    try:
-        config = GPTConfig.from_dict(config_dict)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(folder / "config.json", f"invalid GPT config ({e})") from None
-    model = GPT(config)
+        name = config_dict.get("architecture") or config_dict.get("architectures")
+        raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
     state = load_file(str(folder / "model.safetensors"))
+    try:
+        if config_dict.get("architecture") == "gpt":
+            config = GPTConfig.from_dict(config_dict)
+        else:
+            config, state = decoder_checkpoint(config_dict, state, max_context)
+    except MissingTensor as e:
+        raise CheckpointError(folder / "model.safetensors", f"missing tensor {e}") from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(
+            folder / "config.json", f"invalid or unsupported config ({type(e).__name__}: {e})"
+        ) from None
+    model = GPT(config)
     expected = model.state_dict()
     for name, tensor in state.items():
         if name in expected and expected[name].shape != tensor.shape:
@@ -234,10 +234,10 @@ def load_gpt(
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as e:
         raise CheckpointError(folder / "tokenizer.json", f"not a loadable tokenizer ({e})") from None
-    if tokenizer.get_vocab_size() != config.vocab_size:
+    if tokenizer.get_vocab_size() > config.vocab_size:  # embeddings may be padded past the vocabulary
         raise CheckpointError(
             folder / "tokenizer.json",
-            f"vocabulary {tokenizer.get_vocab_size()} != config vocab_size {config.vocab_size}",
+            f"vocabulary {tokenizer.get_vocab_size()} > config vocab_size {config.vocab_size}",
         )
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
@@ -251,26 +251,29 @@ def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 
     import models.esperberto  # noqa: F401  (registers the softmax1 attention function)
 
-    return _load_transformers(folder, "mlm", MLM_ARCHITECTURES, AutoModelForMaskedLM, device, dtype)
+    return _load_transformers(folder, ("mlm",), AutoModelForMaskedLM, device, dtype)
 
 
 def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """Validate and load a transformers causal LM checkpoint and its tokenizer, in eval mode, with eager
-    attention (it returns attention weights for /attention)."""
+    attention (it returns attention weights for /attention): the slow path, for what our decoder does
+    not map (and, for comparison, for what it does)."""
     from transformers import AutoModelForCausalLM
 
     return _load_transformers(
-        folder, "causal-lm", CAUSAL_LM_ARCHITECTURES, AutoModelForCausalLM, device, dtype, attn_implementation="eager"
+        folder, ("gpt", "causal-lm"), AutoModelForCausalLM, device, dtype, attn_implementation="eager"
     )
 
 
-def _load_transformers(folder, architecture: str, accepted: set[str], auto_class, device, dtype, **kwargs):
+def _load_transformers(folder, kinds: tuple[str, ...], auto_class, device, dtype, **kwargs):
     """A validated transformers checkpoint: safetensors weights only, never remote code."""
     from transformers import AutoTokenizer
 
     folder = Path(folder)
-    if architecture_of(validate(folder)) != architecture:
-        raise CheckpointError(folder / "config.json", f"not a {architecture} checkpoint (one of {sorted(accepted)})")
+    config = validate(folder)
+    if architecture_of(config) not in kinds or config.get("architecture") == "gpt":
+        name = config.get("architectures") or config.get("architecture")
+        raise CheckpointError(folder / "config.json", f"{name!r} is not a transformers {' or '.join(kinds)} checkpoint")
     try:
         model = auto_class.from_pretrained(folder, use_safetensors=True, dtype=dtype, trust_remote_code=False, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)

@@ -15,6 +15,9 @@ QKVSharing = Literal["none", "qk", "qkv"]
 Masking = Literal["causal", "zero_after"]
 Positions = Literal["sinusoidal", "learned", "rope"]
 SymbolType = Literal["position_relative", "symbolic_attention"]
+Norm = Literal["layernorm", "rmsnorm"]
+MLPKind = Literal["gelu", "gelu_tanh", "swiglu"]
+RopePairs = Literal["interleaved", "half"]
 
 
 @dataclass
@@ -40,14 +43,43 @@ class GPTConfig:
     n_relations: int = option(0, "relations r(x_i, x_j) per relational layer; 0 = as many as relational heads")
     symbol_type: SymbolType = option("position_relative", "relational symbols")
     n_symbols: int = option(64, "size of the symbol library for symbolic_attention")
+    # the options other decoder families need (model_store/families.py maps their checkpoints onto them);
+    # the defaults are the from-scratch GPT's
+    norm: Norm = option("layernorm", None)  # LayerNorm (with bias) or RMSNorm (no bias, normalised in float32)
+    norm_eps: float = option(1e-5, None)
+    mlp: MLPKind = option("gelu", None)  # GELU (erf), GELU's tanh approximation, or SwiGLU: down(silu(gate) * up)
+    # None below means derived (the properties head_dim, kv_heads, rotated_channels and has_bias resolve it):
+    # a config changed with dataclasses.replace or from_dict derives it anew
+    n_kv_head: int | None = option(None, None)  # grouped-query attention: key/value heads (default n_head)
+    head_size: int | None = option(None, None)  # width of a head (default d_model / (n_head + n_relational_head))
+    qkv_bias: bool | None = option(None, None)  # biases of the query/key/value projection (default `bias`)
+    out_bias: bool | None = option(None, None)  # bias of attention's output projection (default `bias`)
+    mlp_bias: bool | None = option(None, None)  # biases of the MLP (default `bias`)
+    qk_norm: bool = option(False, None)  # RMSNorm over each head's queries and keys before RoPE (Qwen3)
+    rope_theta: float = option(10000.0, None)
+    rope_pairs: RopePairs = option("interleaved", None)  # rotate channels (2i, 2i+1), or (i, i + r/2) as HF
+    rotary_dim: int | None = option(None, None)  # channels of a head that RoPE rotates (default all)
+    rope_scaling: dict | None = option(None, None)  # {"rope_type": "linear" | "llama3", ...} as transformers'
+    scale_embeddings: bool = option(True, None)  # token embedding x sqrt(d_model) (ours), or as stored
+    parallel_residual: bool = option(False, None)  # x + attn(ln_1 x) + mlp(ln_2 x) (GPT-NeoX), not in sequence
     architecture: str = field(default="gpt", init=False)
 
     def __post_init__(self) -> None:
         heads = self.n_head + self.n_relational_head
         if self.n_head < 1 or self.n_relational_head < 0:
             raise ValueError(f"n_head={self.n_head} must be >= 1 and n_relational_head >= 0")
-        if self.d_model % heads:
+        if self.head_size is None and self.d_model % heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head + n_relational_head={heads}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.kv_heads}")
+        if self.kv_heads != self.n_head and (self.qkv_sharing != "none" or self.n_relational_head):
+            raise ValueError(
+                "grouped-query attention (n_kv_head < n_head) needs qkv_sharing=none and no relational heads"
+            )
+        if self.rotated_channels % 2 or not 0 < self.rotated_channels <= self.head_dim:
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be even, > 0 and at most the head width {self.head_dim}"
+            )
         self.d_ff = self.d_ff or 4 * self.d_model
         get_softmax(self.softmax)  # fail early on an unknown name
         self.softmax = LEGACY_NAMES.get(self.softmax, self.softmax)
@@ -62,7 +94,21 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_attention_heads
+        return self.head_size or self.d_model // self.n_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def rotated_channels(self) -> int:
+        """The channels of each head RoPE rotates."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def has_bias(self, part: str) -> bool:
+        """Whether the linear layers of `part` (qkv, out, mlp) have biases."""
+        own = getattr(self, f"{part}_bias")
+        return self.bias if own is None else own
 
     def attention_settings(self) -> dict:
         """The attention settings that differ between the experiment's variants."""
@@ -99,5 +145,8 @@ VARIANT_CHOICES = {
         ("masking", Masking),
         ("positions", Positions),
         ("symbol_type", SymbolType),
+        ("norm", Norm),
+        ("mlp", MLPKind),
+        ("rope_pairs", RopePairs),
     )
 }

@@ -10,6 +10,11 @@ scoring, attention maps); `forward(idx, input_pos=...)` also writes their keys a
 static KV cache at those positions and attends over it (prompts, then one token per step). The model
 owns its cache (`setup_cache`); a compiled step may pass its own views of it instead.
 
+The same decoder serves the small-LM families people use (model_store/families.py maps their
+checkpoints in): RMSNorm or LayerNorm, GELU (erf or tanh) or SwiGLU MLP, grouped-query attention
+(n_kv_head < n_head), RoPE on all or part of each head with interleaved or rotate-half pairs, its theta
+and static scaling, QK-norm, biases per projection, parallel or sequential residual, learned positions.
+
 The attention variants of the experiments (docs/experiments/) are options of this one file: score
 function (dot product or additive), shared Q/K or Q/K/V projections, masking (-inf before the
 normaliser, or the naive zeroing after it, which leaks the future and is kept as a demonstration),
@@ -17,7 +22,7 @@ normaliser (softmax or softmax1), positions, and dual attention: standard heads 
 (Altabaa et al., models/relational.py).
 
 Shapes: B batch, T new tokens, S = cached + new tokens (keys), C = d_model, H heads (self-attention
-plus relational), D = C // H head width, R relations.
+plus relational), KV key/value heads, G = H / KV, D head width (C // H unless set), R relations.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import torch.nn.functional as F
 
 from models.config import GPTConfig
 from models.kv_cache import StaticKVCache
-from models.positions import rope, rope_rotation, sinusoidal_encoding
+from models.positions import inverse_frequencies, rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
 from models.softmax import get_softmax
@@ -63,13 +68,18 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.sharing = config.qkv_sharing
-        n_proj = {"none": 3, "qk": 2, "qkv": 1}[config.qkv_sharing]
-        self.qkv = nn.Linear(config.d_model, n_proj * self.n_head * self.head_dim, bias=config.bias)
+        H, KV, D = self.n_head, self.n_kv_head, self.head_dim
+        width = {"none": (H + 2 * KV) * D, "qk": 2 * H * D, "qkv": H * D}[config.qkv_sharing]
+        self.qkv = nn.Linear(config.d_model, width, bias=config.has_bias("qkv"))
+        self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        self.rope_pairs = config.rope_pairs
         self.additive = AdditiveScore(self.n_head, self.head_dim) if config.score == "additive" else None
         self.relational = RelationalAttention(config) if config.n_relational_head else None
-        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # after concatenating heads
+        heads = (H + config.n_relational_head) * D
+        self.proj = nn.Linear(heads, config.d_model, bias=config.has_bias("out"))  # after concatenating heads
         self.attn_dropout = config.attn_dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.softmax = get_softmax(config.softmax)
@@ -78,7 +88,7 @@ class CausalSelfAttention(nn.Module):
 
     def cache_shapes(self) -> list[tuple[int, int]]:
         """(heads, head width) of each tensor this layer keeps per token: keys, values (and relational ones)."""
-        own = [(self.n_head, self.head_dim)] * 2
+        own = [(self.n_kv_head, self.head_dim)] * 2
         return own + (self.relational.cache_shapes() if self.relational is not None else [])
 
     def forward(
@@ -92,16 +102,19 @@ class CausalSelfAttention(nn.Module):
         return_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
-        H, D = self.n_head, self.head_dim
-        parts = self.qkv(x).view(B, T, -1, D).transpose(1, 2).split(H, dim=1)  # each (B, H, T, D)
+        H, KV, D = self.n_head, self.n_kv_head, self.head_dim
+        heads = self.qkv(x).view(B, T, -1, D).transpose(1, 2)  # (B, H + 2 KV, T, D)
         if self.sharing == "qkv":
-            q = k = v = parts[0]
+            q = k = v = heads
         elif self.sharing == "qk":
-            (q, v), k = parts, parts[0]
+            q, v = heads.split(H, dim=1)
+            k = q
         else:
-            q, k, v = parts
+            q, k, v = heads.split([H, KV, KV], dim=1)  # (B, H, T, D), (B, KV, T, D), (B, KV, T, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rotation is not None:
-            q, k = rope(q, rotation), rope(k, rotation)
+            q, k = rope(q, rotation, self.rope_pairs), rope(k, rotation, self.rope_pairs)
         cached = [k, v]
         if self.relational is not None:
             rel_queries, rel_cached = self.relational.project(x, rotation)
@@ -115,23 +128,33 @@ class CausalSelfAttention(nn.Module):
         # flash kernel cost 4x as much there); eager, SDPA's one op (19 against 83 us a layer over 32 keys).
         # is_dynamo_compiling, not is_compiling: the latter is true in every thread while any one compiles
         one_token = kv_cache is not None and T == 1 and torch.compiler.is_dynamo_compiling()
+        grouped = KV != H  # each key/value head serves G = H / KV query heads
         if self.fused and not return_attention and not one_token:
             causal = mask is None and T > 1
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, enable_gqa=grouped
+            )
         else:
             if self.additive is not None:
                 scores = self.additive(q, k)  # (B, H, T, S)
+            elif grouped:  # a group's heads broadcast over its key head: compiled, one token is one reduction
+                q5 = q.reshape(B, KV, H // KV, T, D)  # (B, KV, G, T, D)
+                scores = (q5 @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(D)).view(B, H, T, -1)  # (B, H, T, S)
             else:
                 scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
             weights = self._weights(scores, mask)
-            y = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, D)
+            weights = F.dropout(weights, dropout_p, self.training)
+            if grouped:
+                y = (weights.view(B, KV, H // KV, T, -1) @ v.unsqueeze(2)).view(B, H, T, D)  # (B, H, T, D)
+            else:
+                y = weights @ v  # (B, H, T, D)
         if self.relational is not None:
             normalise = partial(self._weights, mask=mask)
             query_columns = positions if kv_cache is not None else None  # column = position
             y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p, query_columns)
             y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
 
     def _weights(self, scores: torch.Tensor, mask: torch.Tensor | None):
@@ -150,28 +173,61 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """proj(gelu(fc(x))), or SwiGLU's proj(silu(gate(x)) * up(x)) with gate and up as one product (fc)."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.kind = config.mlp
+        width = 2 * config.d_ff if config.mlp == "swiglu" else config.d_ff
+        self.fc = nn.Linear(config.d_model, width, bias=config.has_bias("mlp"))
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.has_bias("mlp"))
         self.dropout = nn.Dropout(config.dropout)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C)
+        h = self.fc(x)  # (B, T, d_ff) or, for SwiGLU, (B, T, 2 d_ff): gate then up
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none")
+        return self.dropout(self.proj(h))
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, normalised in float32 and cast back before the weight (as Llama's)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def norm_layer(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); or, with parallel_residual,
+    x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.ln_1 = norm_layer(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
+        self.parallel = config.parallel_residual
 
     def forward(self, x, mask, positions, rotation, layer, kv_cache, return_attention):
         a, weights = self.attn(self.ln_1(x), mask, positions, rotation, layer, kv_cache, return_attention)
+        if self.parallel:
+            return x + a + self.mlp(self.ln_2(x)), weights
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -197,7 +253,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.cache: StaticKVCache | None = None  # setup_cache(rows) allocates it
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.d_model)
+        self.ln_f = norm_layer(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
@@ -248,7 +304,9 @@ class GPT(nn.Module):
 
     def _blocks(self, idx, position_ids, mask, kv_cache, return_attention, targets, logits_at) -> GPTOutput:
         """Embeddings, the blocks, the LM head (and the loss when targets are given)."""
-        x = self.tok_emb(idx) * math.sqrt(self.config.d_model)  # (B, T, C), scaled as in the paper
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)  # as in the paper
         if self.config.positions == "sinusoidal":
             if kv_cache is not None or idx.shape[1] <= self.pe_table.shape[0]:  # cached positions < context
                 x = x + self.pe_table[position_ids].to(x.dtype)
@@ -259,7 +317,9 @@ class GPT(nn.Module):
         x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
         rotation = None
         if self.config.positions == "rope":
-            rotation = rope_rotation(position_ids, self.config.head_dim, x.dtype)
+            c = self.config
+            inv_freq = inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling, idx.device)
+            rotation = rope_rotation(position_ids, c.rotated_channels, x.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks):
             x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention)

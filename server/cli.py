@@ -85,7 +85,8 @@ def store(argv: list[str]) -> None:
     add.add_argument("name", help="its model id in the store")
     args = p.parse_args(argv)
     try:
-        print(add_checkpoint(args.src, args.name, Settings().store))
+        settings = Settings()
+        print(add_checkpoint(args.src, args.name, settings.store, settings.max_context))
     except CheckpointError as e:
         p.exit(2, f"tinyserve store add: {e}\n")
 

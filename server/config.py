@@ -38,6 +38,13 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(32, ge=1, description="requests decoded together per model")
     max_queue: int = Field(64, ge=1, description="requests waiting per model before 429")
+    max_context: int = Field(
+        2048,
+        ge=16,
+        description="positions a sequence may reach: a transformers checkpoint with a longer context is served "
+        "up to this, and `tinyserve store add` checks it against this "
+        "(the static KV cache holds max_batch_size x this many positions per model; /info gives its bytes)",
+    )
     max_prefill_tokens: int = Field(
         4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"
     )

@@ -42,9 +42,17 @@ def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tenso
 
 @torch.inference_mode()
 def score(m: ServedModel, text: str, top_n: int) -> dict:
-    """Log-probability of every token of the text read as a new document (after the end-of-text token)."""
-    ids = gpt_ids(m, text, "text")[: m.context_length - 1]
-    scored = token_logprobs(m.runner, [m.runner.facts.eos_id, *ids], top_n)
+    """Log-probability of every token of the text read as a new document: after the checkpoint's
+    start-of-sequence tokens where its tokenizer adds them (Llama's BOS), else after the end-of-text token."""
+    ids = gpt_ids(m, text, "text")
+    prefix = m.runner.tokenizer.prefix
+    start = prefix if prefix and ids[: len(prefix)] == prefix else [m.runner.facts.eos_id]
+    ids = ids[len(prefix) if start is prefix else 0 :][: m.context_length - len(start)]
+    if not ids:
+        raise APIError(422, "text: text must not be empty", "text")
+    scored = token_logprobs(m.runner, [*start, *ids], top_n)
+    skip = len(start) - 1  # the start's own tokens after its first are not the text's
+    scored.logprobs, scored.top = scored.logprobs[skip:], scored.top[skip:]
     tokens = [
         {
             "id": tid,

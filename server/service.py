@@ -128,9 +128,11 @@ def check_token_ids(m: ServedModel, ids: list[int], settings: Settings, field: s
 
 
 def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int | None, field: str) -> list[int]:
-    """Over-long prompts are refused unless truncation is asked for (or configured)."""
-    if truncate:
-        ids = ids[-truncate:]
+    """Over-long prompts are refused unless truncation is asked for (or configured); truncation keeps the
+    checkpoint's start-of-sequence tokens (Llama's BOS) and the last tokens of the text."""
+    prefix = m.runner.tokenizer.prefix if ids[: len(m.runner.tokenizer.prefix)] == m.runner.tokenizer.prefix else []
+    if truncate and len(ids) > truncate:
+        ids = prefix + ids[len(prefix) :][-(truncate - len(prefix)) :] if truncate > len(prefix) else ids[-truncate:]
     limit = m.context_length - 1  # room for one new token
     if len(ids) > limit:
         if not settings.truncate_prompt:
@@ -140,7 +142,7 @@ def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int
                 "(refused; set parameters.truncate to keep the last tokens)",
                 field,
             )
-        ids = ids[-limit:]
+        ids = prefix + ids[len(prefix) :][-(limit - len(prefix)) :]
     return ids
 
 

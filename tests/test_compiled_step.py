@@ -26,7 +26,12 @@ VARIANTS = {
     "learned-softmax1": {"positions": "learned", "softmax": "softmax1"},
     "additive": {"score": "additive"},
     "dual-relational": {"n_head": 2, "n_relational_head": 2, "positions": "rope"},
-}
+    # the options of the transformers families (model_store/families.py)
+    "llama-shaped": {"positions": "rope", "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "rope_pairs": "half",
+                     "qk_norm": True, "scale_embeddings": False, "bias": False, "qkv_bias": True},
+    "neox-shaped": {"positions": "rope", "rotary_dim": 4, "rope_pairs": "half", "parallel_residual": True,
+                    "mlp": "gelu_tanh", "rope_theta": 500.0},
+}  # fmt: skip
 GREEDY = SamplingParams(max_new_tokens=64, temperature=0, eos_bias=float("-inf"))
 
 

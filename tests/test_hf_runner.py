@@ -146,8 +146,8 @@ def test_store_add_refuses_what_cannot_be_served_safely(tmp_path, tiny_tokenizer
     (src / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "modeling.Model"}}))
     with pytest.raises(CheckpointError, match="remote code"):
         add_checkpoint(src, "x", tmp_path / "store")
-    (src / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(CheckpointError, match="LlamaForCausalLM"):
+    (src / "config.json").write_text(json.dumps({**config, "architectures": ["T5ForConditionalGeneration"]}))
+    with pytest.raises(CheckpointError, match="T5ForConditionalGeneration"):
         add_checkpoint(src, "x", tmp_path / "store")
     assert not (tmp_path / "store" / "x").exists()  # nothing half-copied
     (src / "config.json").write_text(json.dumps(config))

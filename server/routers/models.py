@@ -98,6 +98,8 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         request_timeout_s=settings.request_timeout_s,
         default_eos_bias=settings.default_eos_bias,
         auth=settings.api_token is not None,
+        max_context=settings.max_context,
+        kv_cache_bytes={m.id: m.runner.facts.kv_cache_bytes for m in registry.models.values() if m.runner},
         placement=registry.placement.describe(),
     )
 

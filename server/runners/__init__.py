@@ -3,32 +3,46 @@ from the checkpoint's architecture (model_store.architecture_of)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from server.runners.base import CausalLMRunner, RunnerFacts, TextCodec, TokenLogprobs, token_logprobs
 
+log = logging.getLogger("tinyserve")
+
 # architecture (model_store.architecture_of) -> the loader of its runner
 CAUSAL_ARCHITECTURES = ("gpt", "causal-lm")
 
 
 def load_runner(
-    architecture: str, folder: Path, device: torch.device, dtype: torch.dtype, max_rows: int, weights: str = "native"
+    architecture: str,
+    folder: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_rows: int,
+    weights: str = "native",
+    max_context: int | None = None,
 ):
     """The runner of a validated checkpoint folder, its weights on device in dtype (linear layers in
-    int8 when weights == "int8")."""
+    int8 when weights == "int8"), its positions capped at max_context."""
+    import json
+
     from model_store import CheckpointError, load_causal_lm, load_gpt
     from models.quantize import quantize_int8
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
-    if architecture == "gpt":
+    if architecture == "gpt":  # our decoder: ours, or a family model_store/families.py maps onto it
         from server.runners.gpt import GPTRunner
 
-        model, tokenizer = load_gpt(folder, device, dtype)
-        return GPTRunner(quantize(model), tokenizer, max_rows)
+        model, tokenizer = load_gpt(folder, device, dtype, max_context)
+        family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
+        return GPTRunner(quantize(model), tokenizer, max_rows, family)
     if architecture == "causal-lm":
         from server.runners.hf_causal import HFCausalLMRunner
+
+        log.warning("%s: served by transformers, the slow path (no static cache, no compiled steps)", folder.name)
 
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)

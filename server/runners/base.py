@@ -17,18 +17,31 @@ import torch
 
 
 class TextCodec(Protocol):
-    """Text <-> token ids, with no special tokens added or shown (the end-of-text token decodes to '')."""
+    """Text <-> token ids: encode puts the checkpoint's start-of-sequence tokens (`prefix`, e.g. Llama's
+    BOS) before a text and nothing after it; decode shows no special tokens (end-of-text decodes to '')."""
+
+    prefix: list[int]
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
 
+def start_tokens(plain: list[int], full: list[int]) -> list[int]:
+    """The special tokens a tokenizer puts before a text (a BOS, or none), from one probe text's ids
+    encoded without and with its special tokens (a template may append an end-of-sequence token too)."""
+    starts = [i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain]
+    return full[: starts[0]] if plain and starts else []
+
+
+PROBE = "Hello world"  # encodes to ids in every tokenizer
+
+
 @dataclass(frozen=True)
 class RunnerFacts:
     """What the layers above show and check: limits, vocabulary, attention shape."""
 
-    family: str  # "gpt" (ours) or the transformers architecture, e.g. "GPTNeoXForCausalLM"
+    family: str  # "gpt" (ours) or the checkpoint's transformers architecture, e.g. "LlamaForCausalLM"
     context_length: int
     vocab_size: int
     eos_id: int
@@ -37,6 +50,7 @@ class RunnerFacts:
     normaliser: str  # the attention normaliser: softmax0 or softmax1
     attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
+    kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
 
 
 @dataclass

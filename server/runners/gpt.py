@@ -5,35 +5,39 @@ shapes, compiled) extends them; both are the model's one forward(idx, input_pos)
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import replace
 
 import torch
 from tokenizers import Tokenizer
 
 from models.gpt import GPT
 from server.decode_step import DecodeStep
-from server.runners.base import RunnerFacts, StepOutput
+from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
 
 
 class TokenizersCodec:
-    """A `tokenizers` tokenizer as the seam's codec."""
+    """A `tokenizers` tokenizer as the seam's codec: text is encoded as the checkpoint's own tokenizer
+    starts a sequence (Llama's BOS; nothing for GPT-2, Qwen and ours), and never ends one."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        probe = (tokenizer.encode(PROBE, add_special_tokens=b).ids for b in (False, True))
+        self.prefix = start_tokens(*probe)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.prefix + self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
 
 class GPTRunner:
-    def __init__(self, model: GPT, tokenizer: Tokenizer | None, max_rows: int = 32) -> None:
+    def __init__(self, model: GPT, tokenizer: Tokenizer | None, max_rows: int = 32, family: str = "gpt") -> None:
         c = model.config
         self.model = model.eval()
         self.tokenizer = TokenizersCodec(tokenizer) if tokenizer is not None else None
         self.facts = RunnerFacts(
-            family="gpt",
+            family=family,
             context_length=c.context_length,
             vocab_size=c.vocab_size,
             eos_id=c.eos_token_id,
@@ -45,6 +49,7 @@ class GPTRunner:
         )
         self.device = next(model.parameters()).device
         self.step = DecodeStep(model, max_rows)
+        self.facts = replace(self.facts, kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()))
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Right-padded prompts (B, T) in one pass, written straight into their (consecutive) slots.

@@ -14,19 +14,21 @@ from __future__ import annotations
 import torch
 
 from models.sampling import greedy_choice
-from server.runners.base import RunnerFacts, StepOutput
+from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
 
 Slot = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, length, head_dim)
 
 
 class HFCodec:
-    """A transformers tokenizer as the seam's codec: no special tokens added, none shown."""
+    """A transformers tokenizer as the seam's codec: its start-of-sequence tokens before a text, no special
+    token shown."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.prefix = start_tokens(*(tokenizer(PROBE, add_special_tokens=b)["input_ids"] for b in (False, True)))
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.prefix + self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -52,6 +52,10 @@ class Info(BaseModel):
     request_timeout_s: float
     default_eos_bias: float
     auth: bool
+    max_context: int = Field(description="positions a sequence may reach (longer checkpoint contexts are capped)")
+    kv_cache_bytes: dict[str, int] = Field(
+        description="per model, the bytes its static KV cache holds (max_batch_size slots x its context)"
+    )
     placement: dict = Field(
         description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
     )
