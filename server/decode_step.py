@@ -164,7 +164,7 @@ class DecodeStep:
         tok, pos, bias, *cache = self.inputs(rows, columns)
         write_inputs(n, tokens, positions, eos_bias, tok, pos, bias)
         if rows in self.compiled:
-            # the graph called directly (server/compiled.py, GraphCapture): built for inputs strided as these
+            # the graph itself where it can be (server/compiled.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:
                 outputs = self.graphs((rows, columns), self.compiled[rows], tok, pos, bias, *cache)
             else:
