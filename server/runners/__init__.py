@@ -43,7 +43,6 @@ def load_runner(
         from server.runners.hf_causal import HFCausalLMRunner
 
         log.warning("%s: served by transformers, the slow path (no static cache, no compiled steps)", folder.name)
-
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
         try:
