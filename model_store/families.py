@@ -67,6 +67,12 @@ def eos_of(cfg: dict) -> int:
     return int(eos)
 
 
+def served_config(cfg: dict, **options) -> GPTConfig:
+    """Our decoder's config for a transformers checkpoint: what every family shares (no dropout, the
+    embedding as stored, the checkpoint's end-of-text token) and its own options."""
+    return GPTConfig(dropout=0.0, scale_embeddings=False, eos_token_id=eos_of(cfg), **options)
+
+
 def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
     """Llama, Mistral, Qwen2 and Qwen3: RMSNorm, SwiGLU, grouped-query attention, rotate-half RoPE."""
     arch = cfg["architectures"][0]
@@ -82,7 +88,8 @@ def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
     theta, scaling, _ = rope_settings(cfg)
     heads = cfg["num_attention_heads"]
     qwen2 = arch == "Qwen2ForCausalLM"
-    return GPTConfig(
+    return served_config(
+        cfg,
         vocab_size=cfg["vocab_size"],
         context_length=context,
         n_layer=cfg["num_hidden_layers"],
@@ -91,13 +98,11 @@ def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
         d_model=cfg["hidden_size"],
         d_ff=cfg["intermediate_size"],
         head_size=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        dropout=0.0,
         tie_weights=bool(cfg.get("tie_word_embeddings", False)),
         bias=False,
         qkv_bias=qwen2 or bool(cfg.get("attention_bias", False)),
         out_bias=bool(cfg.get("attention_bias", False)) and not qwen2,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
-        eos_token_id=eos_of(cfg),
         positions="rope",
         norm="rmsnorm",
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
@@ -106,7 +111,6 @@ def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
         rope_theta=theta,
         rope_pairs="half",
         rope_scaling=scaling,
-        scale_embeddings=False,
     )
 
 
@@ -135,21 +139,19 @@ def gpt2_config(cfg: dict, max_context: int | None) -> GPTConfig:
     """GPT-2: learned positions, LayerNorm, GELU (tanh approximation by default), fused QKV."""
     if not cfg.get("scale_attn_weights", True) or cfg.get("scale_attn_by_inverse_layer_idx", False):
         raise UnsupportedConfig("GPT-2 attention scaled other than by 1/sqrt(head_dim) is not served")
-    return GPTConfig(
+    return served_config(
+        cfg,
         vocab_size=cfg["vocab_size"],
         context_length=context_of(cfg, "n_positions", max_context),
         n_layer=cfg["n_layer"],
         n_head=cfg["n_head"],
         d_model=cfg["n_embd"],
         d_ff=cfg.get("n_inner") or 4 * cfg["n_embd"],
-        dropout=0.0,
         tie_weights=bool(cfg.get("tie_word_embeddings", True)),
         bias=True,
-        eos_token_id=eos_of(cfg),
         positions="learned",
         norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
         mlp=activation(cfg.get("activation_function", "gelu_new")),
-        scale_embeddings=False,
     )
 
 
@@ -180,19 +182,18 @@ def neox_config(cfg: dict, max_context: int | None) -> GPTConfig:
     theta, scaling, partial = rope_settings(cfg, partial_default=0.25)
     heads, d_model = cfg["num_attention_heads"], cfg["hidden_size"]
     bias = bool(cfg.get("attention_bias", True))
-    return GPTConfig(
+    return served_config(
+        cfg,
         vocab_size=cfg["vocab_size"],
         context_length=context_of(cfg, "max_position_embeddings", max_context),
         n_layer=cfg["num_hidden_layers"],
         n_head=heads,
         d_model=d_model,
         d_ff=cfg["intermediate_size"],
-        dropout=0.0,
         tie_weights=bool(cfg.get("tie_word_embeddings", False)),
         bias=True,
         qkv_bias=bias,
         out_bias=bias,
-        eos_token_id=eos_of(cfg),
         positions="rope",
         norm_eps=cfg.get("layer_norm_eps", 1e-5),
         mlp=activation(cfg.get("hidden_act", "gelu")),
@@ -200,7 +201,6 @@ def neox_config(cfg: dict, max_context: int | None) -> GPTConfig:
         rope_pairs="half",
         rotary_dim=int(d_model // heads * partial),
         rope_scaling=scaling,
-        scale_embeddings=False,
         parallel_residual=bool(cfg.get("use_parallel_residual", True)),
     )
 

@@ -46,8 +46,11 @@ def score(m: ServedModel, text: str, top_n: int) -> dict:
     start-of-sequence tokens where its tokenizer adds them (Llama's BOS), else after the end-of-text token."""
     ids = gpt_ids(m, text, "text")
     prefix = m.runner.tokenizer.prefix
-    start = prefix if prefix and ids[: len(prefix)] == prefix else [m.runner.facts.eos_id]
-    ids = ids[len(prefix) if start is prefix else 0 :][: m.context_length - len(start)]
+    if prefix and ids[: len(prefix)] == prefix:
+        start, ids = prefix, ids[len(prefix) :]
+    else:
+        start = [m.runner.facts.eos_id]
+    ids = ids[: m.context_length - len(start)]
     if not ids:
         raise APIError(422, "text: text must not be empty", "text")
     scored = token_logprobs(m.runner, [*start, *ids], top_n)

@@ -130,7 +130,8 @@ def check_token_ids(m: ServedModel, ids: list[int], settings: Settings, field: s
 def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int | None, field: str) -> list[int]:
     """Over-long prompts are refused unless truncation is asked for (or configured); truncation keeps the
     checkpoint's start-of-sequence tokens (Llama's BOS) and the last tokens of the text."""
-    prefix = m.runner.tokenizer.prefix if ids[: len(m.runner.tokenizer.prefix)] == m.runner.tokenizer.prefix else []
+    prefix = m.runner.tokenizer.prefix
+    prefix = prefix if ids[: len(prefix)] == prefix else []
     if truncate and len(ids) > truncate:
         ids = prefix + ids[len(prefix) :][-(truncate - len(prefix)) :] if truncate > len(prefix) else ids[-truncate:]
     limit = m.context_length - 1  # room for one new token
