@@ -1,8 +1,9 @@
 """`tinyserve store add SRC NAME`: a checkpoint folder enters the store, validated, copied, manifested.
 
-SRC is one of ours (a folder `write_checkpoint` or `tinyserve export` wrote) or a transformers model
+SRC is one of ours (a folder `write_checkpoint` or `tinyserve export` wrote), a transformers model
 saved with `save_pretrained` (safetensors weights, a tokenizer.json): a family of model_store/families.py
-(served by our decoder), another causal LM (served by transformers) or an EsperBERTo masked LM. What
+(served by our decoder), another causal LM (served by transformers) or an EsperBERTo masked LM; or a
+GGUF file of a family both llama.cpp and our decoder compute (model_store/gguf_files.py). What
 cannot be served safely is refused before anything is copied: pickled weights, remote code (`auto_map`
 or .py files), an architecture no runner serves. The copy then loads as the server would load it; a
 copy that does not load (a config value the decoder cannot compute exactly) is removed again.
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 from model_store.families import FAMILIES
+from model_store.gguf_files import GGUFError, import_gguf, is_gguf
 from model_store.store import (
     MANIFEST,
     PICKLE_SUFFIXES,
@@ -27,7 +30,8 @@ from model_store.store import (
     write_manifest,
 )
 
-COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".png", ".model")  # configs, weights, vocab, card
+# configs, weights, vocabulary, card, chat template
+COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".png", ".model", ".jinja")
 LOADERS = {"gpt": load_gpt, "causal-lm": load_causal_lm, "mlm": load_mlm}
 
 
@@ -57,8 +61,18 @@ def check_source(src: Path) -> str:
 
 def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = None) -> Path:
     """Copy the servable files of `src` into root/name with a card, metrics and a manifest; return it.
-    The copy loads as the server will, its context capped at max_context (the server's setting)."""
+    The copy loads as the server will, its context capped at max_context (the server's setting).
+    A GGUF file is first read into a folder of ours (weights dequantized, tokenizer rebuilt)."""
     src = Path(src)
+    if src.suffix == ".gguf" or is_gguf(src):
+        if not is_gguf(src):
+            raise CheckpointError(src, "not a GGUF file (no GGUF magic bytes)")
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                folder = import_gguf(src, Path(tmp) / name)
+            except GGUFError as e:
+                raise CheckpointError(src, str(e)) from None
+            return add_checkpoint(folder, name, root, max_context)
     architecture = check_source(src)
     dst = resolve(name, root)
     if dst.exists():

@@ -76,6 +76,7 @@ def write_checkpoint(
     metrics: dict,
     extra_files: dict[str, Path] | None = None,
     dtype: torch.dtype = torch.float16,
+    tokenizer_config: dict | None = None,
 ) -> None:
     """Export a trained GPT as a store checkpoint.
 
@@ -90,7 +91,8 @@ def write_checkpoint(
         if not (model.config.tie_weights and name == "lm_head.weight")
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    write_tokenizer(folder, tokenizer, model.config.context_length)
+    eos = tokenizer.id_to_token(model.config.eos_token_id) or EOS_TOKEN
+    write_tokenizer(folder, tokenizer, model.config.context_length, **{"eos_token": eos, **(tokenizer_config or {})})
     (folder / "README.md").write_text(card)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     for name, src in (extra_files or {}).items():
@@ -98,15 +100,17 @@ def write_checkpoint(
     write_manifest(folder)
 
 
-def write_tokenizer(folder: Path, tokenizer: Tokenizer, context_length: int) -> None:
+def write_tokenizer(folder: Path, tokenizer: Tokenizer, context_length: int, **settings) -> None:
     """tokenizer.json and the tokenizer_config.json that tells transformers (and through it lm-eval) which
-    token ends a document; PreTrainedTokenizerFast is the class every transformers version knows."""
+    token ends a document (`settings` add to it or change it: a bos_token, a chat_template);
+    PreTrainedTokenizerFast is the class every transformers version knows."""
     tokenizer.save(str(folder / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": EOS_TOKEN,
         "model_max_length": context_length,
         "clean_up_tokenization_spaces": False,  # byte-level BPE round-trips text exactly
+        **settings,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -59,7 +59,7 @@ class GPTConfig:
     rope_theta: float = option(10000.0, None)
     rope_pairs: RopePairs = option("interleaved", None)  # rotate channels (2i, 2i+1), or (i, i + r/2) as HF
     rotary_dim: int | None = option(None, None)  # channels of a head that RoPE rotates (default all)
-    rope_scaling: dict | None = option(None, None)  # {"rope_type": "linear" | "llama3", ...} as transformers'
+    rope_scaling: dict | None = option(None, None)  # {"rope_type": "linear" | "llama3" | "factors", ...}
     scale_embeddings: bool = option(True, None)  # token embedding x sqrt(d_model) (ours), or as stored
     parallel_residual: bool = option(False, None)  # x + attn(ln_1 x) + mlp(ln_2 x) (GPT-NeoX), not in sequence
     architecture: str = field(default="gpt", init=False)

@@ -11,7 +11,8 @@ def inverse_frequencies(
     dim: int, theta: float = 10000.0, scaling: dict | None = None, device: torch.device | None = None
 ) -> torch.Tensor:
     """1 / theta^(2i/dim) for i < dim/2, float32, adjusted by a static rope_scaling of transformers' kinds:
-    "linear" (positions / factor) or "llama3" (long wavelengths / factor, short ones kept, a blend between)."""
+    "linear" (positions / factor) or "llama3" (long wavelengths / factor, short ones kept, a blend between),
+    or "factors" (each frequency / its own factor, as a GGUF's rope_freqs tensor gives them)."""
     half = torch.arange(0, dim, 2, dtype=torch.float32, device=device)
     inv_freq = torch.exp(-math.log(theta) * half / dim)  # (dim/2,)
     kind = (scaling or {}).get("rope_type", "default")
@@ -23,8 +24,10 @@ def inverse_frequencies(
         wavelength = 2 * math.pi / inv_freq
         blend = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0: long wavelength, 1: short
         return (1 - blend) * inv_freq / factor + blend * inv_freq
+    if kind == "factors":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32, device=device)
     if kind != "default":
-        raise ValueError(f"rope_scaling kind {kind!r} is not supported (default, linear, llama3)")
+        raise ValueError(f"rope_scaling kind {kind!r} is not supported (default, linear, llama3, factors)")
     return inv_freq
 
 

@@ -4,8 +4,9 @@ tinyserve serve [--port 9000 ...]            python -m server
 tinyserve serve-ray [--max-replicas 4 ...]   python -m server.ray_serve (Ray Serve replicas; extra: [ray])
 tinyserve train gpt|esperberto|tokenizer ...  python -m training gpt|esperberto|tokenizer
 tinyserve eval|complete|eos|kurtosis|...     python -m training eval|complete|eos|kurtosis|experiments
-tinyserve export MODEL OUT --format hf       a store GPT as a GPT-NeoX checkpoint for transformers
-tinyserve store add SRC NAME                 a checkpoint (ours, a transformers GPT-2 or GPT-NeoX) into the store
+tinyserve export MODEL OUT --format hf|gguf  a store GPT as a GPT-NeoX checkpoint for transformers, or any model
+                                             our decoder serves as one GGUF file for llama.cpp and Ollama
+tinyserve store add SRC NAME                 a checkpoint folder (ours, transformers') or a GGUF file into the store
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("what", choices=TRAIN, nargs="?")
     for name in TRAINING_TOOLS:
         sub.add_parser(name, help=f"python -m training {name} (options: tinyserve {name} --help)", add_help=False)
-    sub.add_parser("export", help="a store GPT as a Hugging Face checkpoint (tinyserve export --help)", add_help=False)
+    export_help = "a store model in transformers or GGUF format (tinyserve export --help)"
+    sub.add_parser("export", help=export_help, add_help=False)
     sub.add_parser("store", help="manage the model store (tinyserve store add --help)", add_help=False)
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "export":
@@ -56,18 +58,30 @@ def export(argv: list[str]) -> None:
     import torch
 
     from model_store.export import ExportError, export_hf
+    from model_store.gguf_files import GGUF_TYPES, GGUFError, export_gguf
     from model_store.store import CheckpointError
     from server.config import Settings  # the store is the server's setting: TINYSERVE_STORE
 
-    p = argparse.ArgumentParser(prog="tinyserve export", description="write a store GPT in another format")
+    p = argparse.ArgumentParser(prog="tinyserve export", description="write a store model in another format")
     p.add_argument("model", help="model id in the store (TINYSERVE_STORE)")
-    p.add_argument("out", type=Path, help="output folder")
-    p.add_argument("--format", default="hf", choices=["hf"], help="hf: a GPT-NeoX checkpoint for transformers")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights' dtype")
+    p.add_argument("out", type=Path, help="output folder (hf) or file (gguf)")
+    p.add_argument(
+        "--format",
+        default="hf",
+        choices=["hf", "gguf"],
+        help="hf: our GPT as a GPT-NeoX checkpoint for transformers; gguf: any model our decoder serves, for llama.cpp",
+    )
+    p.add_argument("--dtype", default="float32", choices=list(GGUF_TYPES), help="weights' type (q8_0: gguf only)")
     args = p.parse_args(argv)
+    folder = Settings().store / args.model
     try:
-        print(export_hf(Settings().store / args.model, args.out, getattr(torch, args.dtype)))
-    except (ExportError, CheckpointError) as e:
+        if args.format == "gguf":
+            print(export_gguf(folder, args.out, GGUF_TYPES[args.dtype]))
+        elif args.dtype == "q8_0":
+            p.exit(2, "tinyserve export: --dtype q8_0 is for --format gguf\n")
+        else:
+            print(export_hf(folder, args.out, getattr(torch, args.dtype)))
+    except (ExportError, GGUFError, CheckpointError) as e:
         p.exit(2, f"tinyserve export: {e}\n")
 
 
@@ -81,7 +95,9 @@ def store(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="tinyserve store", description="manage the model store (TINYSERVE_STORE)")
     sub = p.add_subparsers(dest="action", required=True)
     add = sub.add_parser("add", help="validate a checkpoint folder, copy it into the store, write its manifest")
-    add.add_argument("src", type=Path, help="a checkpoint folder: ours, or a transformers save_pretrained folder")
+    add.add_argument(
+        "src", type=Path, help="a checkpoint folder (ours, or a transformers save_pretrained folder) or a .gguf file"
+    )
     add.add_argument("name", help="its model id in the store")
     args = p.parse_args(argv)
     try:

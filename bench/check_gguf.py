@@ -1,0 +1,164 @@
+"""Our GGUF export run by llama-server: its greedy tokens against ours in float32, per store model.
+
+    .venv/bin/python bench/check_gguf.py --llama ~/.cache/tinyserve-peers gpt-wikitext2 [MODEL ...]
+        [--store DIR] [--type f32] [--tokens 64] [--families]
+
+Each model is exported with `tinyserve export MODEL OUT --format gguf`, served by llama-server (1 slot,
+2 threads, prompts as token ids so no tokenizer is involved), and for each prompt its 64 greedy tokens
+(EOS ignored) are compared with our decoder's (the engine in float32, EOS masked). It also reads the
+file back (`tinyserve store add FILE.gguf`) and compares that copy's greedy tokens. A tool run by hand
+(it needs llama.cpp's build: `bash ../shared/peers/setup.sh`), not a test. --families adds small random
+transformers checkpoints of each family with our tokenizer (weights spread as the tests spread them, so
+greedy tokens are not near-ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from model_store.gguf_files import export_gguf, import_gguf  # noqa: E402
+from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
+from models.sampling import SamplingParams  # noqa: E402
+from server.engine import GenerationEngine  # noqa: E402
+from server.runners.gpt import GPTRunner  # noqa: E402
+
+PROMPTS = ["The history of the city begins in the early Middle Ages , when", "In 1998 , the band released", "He"]
+
+
+def ours(folder: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
+    model, tokenizer = load_gpt(folder)
+    engine = GenerationEngine(GPTRunner(model, tokenizer, 1), max_batch_size=1)
+    params = SamplingParams(max_new_tokens=new, temperature=0, eos_bias=float("-inf"))
+    engine.start()
+    try:
+        return [[e.id for e in engine.generate(p, params)[0]] for p in prompts]
+    finally:
+        engine.stop()
+
+
+def llama(bin_dir: Path, gguf: Path, prompts: list[list[int]], new: int, port: int = 8941) -> list[list[int]]:
+    cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(port), "-t", "2", "-np", "1", "-c", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        body = {
+            "n_predict": new,
+            "ignore_eos": True,
+            "temperature": 0,
+            "top_k": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+        }
+        return [
+            httpx.post(base + "/completion", json={**body, "prompt": p}, timeout=300).json()["tokens"] for p in prompts
+        ]
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+FAMILIES = {  # transformers model type -> config, small, our 16k vocabulary
+    "llama": dict(num_key_value_heads=2),
+    "llama-llama3rope": dict(num_key_value_heads=2, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0,
+                        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)),
+    "llama-biases": dict(attention_bias=True, tie_word_embeddings=True),
+    "mistral": dict(num_key_value_heads=2, sliding_window=None),
+    "qwen2": dict(num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen3": dict(num_key_value_heads=2, head_dim=48),
+    "gpt2": dict(n_embd=128, n_layer=2, n_head=4, n_positions=512),
+    "gpt_neox": dict(rotary_pct=0.25),
+}  # fmt: skip
+
+
+def add_families(store: Path) -> list[str]:
+    """Each family's small random checkpoint in the store (`tinyserve store add`)."""
+    import transformers
+
+    from model_store.ingest import add_checkpoint
+
+    tokenizer = REPO / "model_store" / "gpt-wikitext2" / "tokenizer.json"
+    names = []
+    for name, kwargs in FAMILIES.items():
+        kind = name.split("-")[0]
+        common = dict(vocab_size=16384, bos_token_id=0, eos_token_id=0)
+        if kind != "gpt2":
+            common.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                          max_position_embeddings=512)  # fmt: skip
+        config = transformers.AutoConfig.for_model(kind, **common, **kwargs)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(4.0) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
+        src = store / "src" / name
+        model.save_pretrained(src)
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>")
+        fast.save_pretrained(src)
+        add_checkpoint(src, name, store)
+        names.append(name)
+    return names
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (None if they are equal)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--families", action="store_true", help="also small random checkpoints of each family")
+    ap.add_argument("--llama", type=Path, required=True, help="the peers' work folder (llama.cpp-build/bin inside)")
+    ap.add_argument("--store", type=Path, default=STORE_ROOT)
+    ap.add_argument("--type", default="f32")
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    report = {}
+    scratch = tempfile.TemporaryDirectory()
+    models = [(args.store, name) for name in args.models]
+    if args.families:
+        models += [(Path(scratch.name), name) for name in add_families(Path(scratch.name))]
+    for store, name in models:
+        folder = store / name
+        _, tokenizer = load_gpt(folder)
+        prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf = export_gguf(folder, Path(tmp) / f"{name}.gguf", args.type)
+            want = ours(folder, prompts, args.tokens)
+            got = llama(args.llama / "llama.cpp-build" / "bin", gguf, prompts, args.tokens)
+            back = ours(import_gguf(gguf, Path(tmp) / "imported"), prompts, args.tokens)
+        report[name] = {
+            "type": args.type,
+            "llama_server_equal": [g == w for g, w in zip(got, want, strict=True)],
+            "llama_server_first_difference": [first_difference(g, w) for g, w in zip(got, want, strict=True)],
+            "reimported_equal": [b == w for b, w in zip(back, want, strict=True)],
+        }
+        print(json.dumps({name: report[name]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""GGUF files both ways, with llama.cpp's own `gguf` package: a checkpoint our decoder serves leaves as
+one .gguf that llama-server (or Ollama) runs, and a .gguf of those families enters the store.
+
+Both directions go through our decoder's config and weight names (models/gpt.py), so one table of
+llama.cpp architectures covers our GPT and every family model_store/families.py maps:
+- `ARCHES`: what each llama.cpp architecture computes, as our decoder's settings;
+- `BLOCK_TENSORS`: each block tensor's GGUF name (llama.cpp wants q, k and v apart where it has no
+  fused `attn_qkv`; our fused rows are all queries, then all keys, then all values, as its own);
+- rotary pairs: llama.cpp's llama rotates interleaved channel pairs, its qwen2, qwen3 and gptneox rotate
+  halves (as transformers does): query and key rows are reordered within each head where ours differ,
+  which leaves q . k unchanged;
+- our GPT scales its token embedding by sqrt(d_model) inside the model: the file stores it scaled, and
+  the unscaled copy as the output head.
+Tokenizers are byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM): written with gguf's vocabulary readers and
+the pre-tokenizer's llama.cpp name, read back with transformers' GGUF tokenizer builder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model_store.store import load_gpt, write_checkpoint
+from models.gpt import GPT, GPTConfig
+from models.positions import inverse_frequencies
+
+# the weights' type in a written file, by the dtype names of `tinyserve export` (norms and biases stay f32)
+GGUF_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}
+READ_TYPES = ("F32", "F16", "BF16", "Q8_0")  # the tensor types `tinyserve store add` reads
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A llama.cpp architecture as our decoder's settings."""
+
+    settings: dict  # GPTConfig fields it fixes
+    rope_pairs: str | None  # the channel pairs it rotates; None: learned positions
+    fused_qkv: bool  # one attn_qkv tensor, or attn_q, attn_k, attn_v
+
+
+ROPE = dict(positions="rope", parallel_residual=False)
+ARCHES = {
+    "llama": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=False), "interleaved", False),
+    "qwen2": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=False), "half", False),  # q, k, v biases
+    "qwen3": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=True), "half", False),
+    "gpt2": Arch(dict(positions="learned", norm="layernorm", mlp="gelu_tanh", parallel_residual=False), None, True),
+    "gptneox": Arch(dict(positions="rope", norm="layernorm", mlp="gelu"), "half", True),
+}  # fmt: skip
+# the attention-lab options (models/gpt.py) llama.cpp has no equivalent for, at the value it computes
+STANDARD = {"softmax": "softmax0", "score": "dot", "masking": "causal", "n_relational_head": 0, "qkv_sharing": "none"}
+BLOCK_TENSORS = {  # ours (in blocks.{i}.) -> GGUF's (in blk.{i}.); attn.qkv is split or kept per Arch.fused_qkv
+    "ln_1": "attn_norm",
+    "ln_2": "ffn_norm",
+    "attn.q_norm": "attn_q_norm",
+    "attn.k_norm": "attn_k_norm",
+    "attn.proj": "attn_output",
+    "mlp.proj": "ffn_down",
+}
+TOP_TENSORS = {"tok_emb": "token_embd", "pos_emb": "position_embd", "ln_f": "output_norm", "lm_head": "output"}
+
+
+class GGUFError(ValueError):
+    """A model or file GGUF's side cannot express or we cannot read; the message names the setting."""
+
+
+# ---------------------------------------------------------------- shared: the architecture and rotary pairs
+
+
+def gguf_architecture(c: GPTConfig) -> str:
+    """The llama.cpp architecture that computes this config, or a GGUFError naming what none does."""
+    odd = [f"{k}={getattr(c, k)!r}" for k, v in STANDARD.items() if getattr(c, k) != v]
+    if odd:
+        raise GGUFError("llama.cpp has no equivalent of " + ", ".join(odd))
+    if c.norm == "rmsnorm" and c.mlp == "swiglu" and c.positions == "rope":
+        if c.qk_norm:
+            return "qwen3"
+        return "qwen2" if c.has_bias("qkv") and not c.has_bias("out") else "llama"
+    if c.norm == "layernorm" and c.mlp in ("gelu", "gelu_tanh") and not c.qk_norm and c.kv_heads == c.n_head:
+        if c.positions == "learned" and not c.parallel_residual and c.bias:
+            return "gpt2"
+        if c.positions == "rope" and c.has_bias("qkv") and c.has_bias("out") and c.has_bias("mlp"):
+            return "gptneox"
+    raise GGUFError(
+        f"no llama.cpp architecture computes norm={c.norm}, mlp={c.mlp}, positions={c.positions}, "
+        f"qk_norm={c.qk_norm}, parallel_residual={c.parallel_residual}, biases={c.bias}"
+    )
+
+
+def pair_order(head_dim: int, rotated: int, to: str) -> torch.Tensor:
+    """Rows of one head reordered from the other pairing to `to`: interleaved (2i, 2i+1) or half (i, i+r/2)."""
+    halves = torch.cat([torch.arange(0, rotated, 2), torch.arange(1, rotated, 2), torch.arange(rotated, head_dim)])
+    return halves if to == "half" else torch.argsort(halves)
+
+
+def reorder_heads(w: torch.Tensor, heads: int, order: torch.Tensor) -> torch.Tensor:
+    """Rows (heads * D, ...) with each head's rows in `order`."""
+    return w.reshape(heads, len(order), *w.shape[1:])[:, order].reshape(w.shape)
+
+
+def qkv_sizes(c: GPTConfig) -> tuple[int, int, int]:
+    return c.n_head * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim
+
+
+# ---------------------------------------------------------------- writing
+
+
+def export_gguf(folder: Path, out: Path, out_type: str = "f32") -> Path:
+    """Write the store checkpoint in `folder` (ours or a mapped family) as one GGUF file llama.cpp runs."""
+    import gguf
+
+    if out_type not in GGUF_TYPES.values():
+        raise GGUFError(f"out_type {out_type!r}: choose one of {', '.join(GGUF_TYPES.values())}")
+    model, _ = load_gpt(folder)
+    c = model.config
+    arch_name = gguf_architecture(c)
+    arch = ARCHES[arch_name]
+    vocab = byte_level_vocabulary(folder, c.vocab_size, c.eos_token_id)
+    part = out.with_name(out.name + ".part")  # a failed export leaves no file llama.cpp would half-read
+    writer = gguf.GGUFWriter(str(part), arch_name)
+    writer.add_name(folder.name)
+    writer.add_file_type(getattr(gguf.LlamaFileType, "ALL_F32" if out_type == "f32" else f"MOSTLY_{out_type.upper()}"))
+    write_hyperparameters(writer, c, arch_name)
+    vocab(writer)
+    for name, tensor in gguf_tensors(model, arch).items():
+        write_tensor(writer, name, tensor, out_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return part.replace(out)
+
+
+def write_hyperparameters(writer, c: GPTConfig, arch_name: str) -> None:
+    import gguf
+
+    writer.add_context_length(c.context_length)
+    writer.add_embedding_length(c.d_model)
+    writer.add_block_count(c.n_layer)
+    writer.add_feed_forward_length(c.d_ff)
+    writer.add_head_count(c.n_head)
+    if arch_name in ("llama", "qwen2", "qwen3"):
+        writer.add_head_count_kv(c.kv_heads)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
+    else:
+        writer.add_layer_norm_eps(c.norm_eps)
+    if c.head_dim * c.n_head != c.d_model:
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+    if c.positions == "rope":
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_rope_dimension_count(c.rotated_channels)
+        if (c.rope_scaling or {}).get("rope_type") == "linear":  # llama3's and others' are the rope_freqs tensor
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(c.rope_scaling["factor"])
+    if arch_name == "gptneox":
+        writer.add_parallel_residual(c.parallel_residual)
+
+
+def gguf_tensors(model: GPT, arch: Arch) -> dict[str, torch.Tensor]:
+    """Our weights under GGUF's names, in its layout (float32)."""
+    c = model.config
+    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    out = {}
+    for k, v in sd.items():
+        module, kind = k.rsplit(".", 1)
+        if module in TOP_TENSORS:
+            out[f"{TOP_TENSORS[module]}.{kind}"] = v
+    head = sd.get("lm_head.weight", sd["tok_emb.weight"])
+    if c.scale_embeddings:  # llama.cpp adds no scale: the stored embedding carries it
+        out["token_embd.weight"] = sd["tok_emb.weight"] * math.sqrt(c.d_model)
+    out["output.weight"] = head  # written even when tied: not every llama.cpp architecture falls back
+    if (c.rope_scaling or {}).get("rope_type") in ("llama3", "factors"):  # llama.cpp divides each frequency by one
+        plain = inverse_frequencies(c.rotated_channels, c.rope_theta)
+        out["rope_freqs.weight"] = plain / inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling)
+    order = pair_order(c.head_dim, c.rotated_channels, arch.rope_pairs) if arch.rope_pairs else None
+    sizes = qkv_sizes(c)
+    for i in range(c.n_layer):
+        ours, theirs = f"blocks.{i}.", f"blk.{i}."
+        for k, v in sd.items():
+            if not k.startswith(ours):
+                continue
+            name, kind = k[len(ours) :].rsplit(".", 1)
+            if name in BLOCK_TENSORS:
+                out[f"{theirs}{BLOCK_TENSORS[name]}.{kind}"] = v
+            elif name == "mlp.fc" and c.mlp == "swiglu":  # ours is cat(gate, up)
+                out[f"{theirs}ffn_gate.{kind}"], out[f"{theirs}ffn_up.{kind}"] = v.chunk(2)
+            elif name == "mlp.fc":
+                out[f"{theirs}ffn_up.{kind}"] = v
+            elif name == "attn.qkv":
+                q, k_, v_ = v.split(sizes)
+                if order is not None and c.rope_pairs != arch.rope_pairs:
+                    q, k_ = reorder_heads(q, c.n_head, order), reorder_heads(k_, c.kv_heads, order)
+                if arch.fused_qkv:
+                    out[f"{theirs}attn_qkv.{kind}"] = torch.cat([q, k_, v_])
+                else:
+                    for part, w in zip(("attn_q", "attn_k", "attn_v"), (q, k_, v_), strict=True):
+                        out[f"{theirs}{part}.{kind}"] = w
+            else:
+                raise GGUFError(f"tensor {k} has no GGUF name")
+    return out
+
+
+def write_tensor(writer, name: str, tensor: torch.Tensor, out_type: str) -> None:
+    """Matrices in out_type (q8_0 needs rows of whole 32-blocks, else f16, as llama.cpp's converter does);
+    norms, biases and the rope factors in f32."""
+    import gguf
+
+    data = tensor.contiguous().numpy()
+    kind = out_type if data.ndim == 2 and not name.startswith("rope_freqs") else "f32"
+    if kind == "q8_0" and data.shape[-1] % 32:
+        kind = "f16"
+    qtype = getattr(gguf.GGMLQuantizationType, kind.upper())
+    if kind == "f32":
+        writer.add_tensor(name, data.astype(np.float32))
+    elif kind == "f16":
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+# the pre-tokenizers llama.cpp knows by name, by their tokenizer.json form
+GPT2_PRE = {"type": "ByteLevel", "use_regex": True}
+
+
+def pre_tokenizer_name(tokenizer_json: dict) -> str:
+    """llama.cpp's name for the tokenizer's pre-tokenizer (its regex split decides how text is cut)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [s.get("type") for s in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        pattern = steps[0].get("pattern", {}).get("Regex")
+        names = [name for name, regex in GGUF_PRE_TOKENIZER_SPLITS.items() if regex == pattern]
+        if names:
+            return "llama-bpe" if "llama-bpe" in names else names[0]
+    raise GGUFError(f"pre-tokenizer {json.dumps(pre)[:200]} has no llama.cpp name")
+
+
+def byte_level_vocabulary(folder: Path, vocab_size: int, eos: int):
+    """A function writing the folder's byte-level BPE tokenizer into a GGUFWriter (checked before any write)."""
+    import gguf
+
+    try:
+        bpe = gguf.vocab.BpeVocab(folder)
+    except (FileNotFoundError, ValueError) as e:
+        raise GGUFError(f"{folder / 'tokenizer.json'}: only byte-level BPE tokenizers are written ({e})") from None
+    tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
+    pre = pre_tokenizer_name(tokenizer_json)
+    special = {t["id"] for t in tokenizer_json.get("added_tokens", []) if t.get("special")}
+    tokens, types = [], []
+    for i, (text, _, kind) in enumerate(bpe.all_tokens()):
+        tokens.append(text)
+        types.append(gguf.TokenType.CONTROL if i in special else kind)
+    if len(tokens) > vocab_size:
+        raise GGUFError(f"tokenizer has {len(tokens)} tokens > the model's vocab_size {vocab_size}")
+    for i in range(len(tokens), vocab_size):  # embedding rows past the vocabulary
+        tokens.append(f"[PAD{i}]")
+        types.append(gguf.TokenType.UNUSED)
+    specials = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
+    specials.special_token_ids["eos"] = eos  # the model's own end of text, whatever the tokenizer files say
+
+    def write(writer) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        specials.add_to_gguf(writer, quiet=True)
+
+    return write
+
+
+# ---------------------------------------------------------------- reading
+
+
+def import_gguf(file: Path, out: Path) -> Path:
+    """A GGUF file of a family llama.cpp and our decoder both compute, as a store folder of ours (float32
+    weights for f32 and q8_0 files, else the file's 16-bit type); the tokenizer is rebuilt from the file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(file))
+    fields = {name: field.contents() for name, field in reader.fields.items() if name != "tokenizer.ggml.tokens"}
+    arch_name = fields.get("general.architecture")
+    if arch_name not in ARCHES:
+        raise GGUFError(f"{file}: architecture {arch_name!r} is not read (one of {', '.join(ARCHES)})")
+    odd = sorted({t.tensor_type.name for t in reader.tensors} - set(READ_TYPES))
+    if odd:
+        raise GGUFError(f"{file}: tensor types {odd} are not read (one of {', '.join(READ_TYPES)})")
+    tensors = {t.name: t for t in reader.tensors}
+    tokenizer, tokenizer_config = gguf_tokenizer(file)
+    config = gguf_config(fields, tensors, ARCHES[arch_name], tokenizer)
+    model = GPT(config)
+    model.load_state_dict(decoder_tensors(tensors, config, ARCHES[arch_name]), strict=False)
+    types = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+    dtype = torch.float32 if types & {"F32", "Q8_0"} else (torch.bfloat16 if "BF16" in types else torch.float16)
+    source = f"`{file.name}` ({arch_name}, {'/'.join(sorted(types))})"
+    card = f"# {out.name}\n\nImported from {source} with `tinyserve store add`.\n"
+    write_checkpoint(out, model, tokenizer, card, {}, dtype=dtype, tokenizer_config=tokenizer_config)
+    return out
+
+
+def gguf_config(fields: dict, tensors: dict, arch: Arch, tokenizer) -> GPTConfig:
+    arch_name = fields["general.architecture"]
+
+    def key(name: str, default=None):
+        value = fields.get(f"{arch_name}.{name}", default)
+        if value is None:
+            raise GGUFError(f"GGUF key {arch_name}.{name} is missing")
+        return value
+
+    heads, d_model = int(key("attention.head_count")), int(key("embedding_length"))
+    head_dim = int(fields.get(f"{arch_name}.attention.key_length", d_model // heads))
+    scaling_kind = fields.get(f"{arch_name}.rope.scaling.type", "none")
+    if scaling_kind not in ("none", "linear"):
+        raise GGUFError(f"rope scaling {scaling_kind!r} is not read (none, linear)")
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        raise GGUFError("tokenizer.ggml.eos_token_id is missing: the end of a completion cannot be told")
+    rms = arch.settings["norm"] == "rmsnorm"
+    config = GPTConfig(
+        vocab_size=int(tensors["token_embd.weight"].shape[1]),
+        context_length=int(key("context_length")),
+        n_layer=int(key("block_count")),
+        n_head=heads,
+        n_kv_head=int(fields.get(f"{arch_name}.attention.head_count_kv", heads)),
+        d_model=d_model,
+        d_ff=int(key("feed_forward_length")),
+        head_size=head_dim if head_dim * heads != d_model else None,
+        dropout=0.0,
+        eos_token_id=int(eos),
+        tie_weights="output.weight" not in tensors,
+        bias=not rms,
+        qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        out_bias="blk.0.attn_output.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
+        norm_eps=float(key("attention.layer_norm_rms_epsilon" if rms else "attention.layer_norm_epsilon")),
+        scale_embeddings=False,
+        **arch.settings,
+    )
+    if config.positions == "rope":
+        factor = fields.get(f"{arch_name}.rope.scaling.factor")
+        scaling = {"rope_type": "linear", "factor": float(factor)} if scaling_kind == "linear" else None
+        if "rope_freqs.weight" in tensors:  # per-frequency factors (llama3 scaling, as llama.cpp writes it)
+            t = tensors["rope_freqs.weight"]
+            scaling = {"rope_type": "factors", "factors": [float(x) for x in np.asarray(t.data, dtype=np.float32)]}
+        config = replace(
+            config,
+            rope_theta=float(key("rope.freq_base", 10000.0)),
+            rope_pairs=arch.rope_pairs,
+            rotary_dim=int(key("rope.dimension_count", head_dim)),
+            rope_scaling=scaling,
+            parallel_residual=bool(fields.get(f"{arch_name}.use_parallel_residual", arch_name == "gptneox")),
+        )
+    return config
+
+
+def decoder_tensors(tensors: dict, c: GPTConfig, arch: Arch) -> dict[str, torch.Tensor]:
+    """The file's tensors under our names, dequantized to float32."""
+    import gguf
+
+    def read(name: str) -> torch.Tensor:
+        t = tensors[name]
+        shape = [int(n) for n in reversed(t.shape)]  # GGUF lists the fastest dimension first
+        values = np.array(gguf.quants.dequantize(t.data, t.tensor_type))  # a copy: the file is mapped read-only
+        return torch.from_numpy(values).float().reshape(shape)
+
+    out = {}
+    for ours, theirs in TOP_TENSORS.items():
+        for kind in ("weight", "bias"):
+            if f"{theirs}.{kind}" in tensors:
+                out[f"{ours}.{kind}"] = read(f"{theirs}.{kind}")
+    if "pos_emb.weight" in out:
+        out["pos_emb.weight"] = out["pos_emb.weight"][: c.context_length]
+    for i in range(c.n_layer):
+        ours, theirs = f"blocks.{i}.", f"blk.{i}."
+        for kind in ("weight", "bias"):
+            for name, gguf_name in BLOCK_TENSORS.items():
+                if f"{theirs}{gguf_name}.{kind}" in tensors:
+                    out[f"{ours}{name}.{kind}"] = read(f"{theirs}{gguf_name}.{kind}")
+            parts = ["ffn_gate", "ffn_up"] if c.mlp == "swiglu" else ["ffn_up"]
+            if f"{theirs}ffn_up.{kind}" in tensors:
+                out[f"{ours}mlp.fc.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in parts])
+            qkv = ["attn_qkv"] if arch.fused_qkv else ["attn_q", "attn_k", "attn_v"]
+            if f"{theirs}{qkv[0]}.{kind}" in tensors:
+                out[f"{ours}attn.qkv.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in qkv])
+    missing = [k for k in GPT(c).state_dict() if k not in out and not (c.tie_weights and k == "lm_head.weight")]
+    if missing:
+        raise GGUFError(f"tensors for {missing[:4]} are missing from the file")
+    return out
+
+
+def gguf_tokenizer(file: Path):
+    """The tokenizer the file describes (transformers' GGUF builder), starting a text with BOS where it says so,
+    and what tokenizer_config.json keeps of it (BOS, the chat template)."""
+    from tokenizers import processors
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    arch_name, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(file))
+    if tokenizer_dict.get("tokenizer_type") != "gpt2":
+        kind = tokenizer_dict.get("tokenizer_type")
+        raise GGUFError(f"{file}: tokenizer {kind!r} is not read (byte-level BPE, gpt2)")
+    tokenizer, _ = convert_gguf_tokenizer(arch_name, tokenizer_dict)
+    bos = tokenizer_config.get("bos_token")
+    if tokenizer_config.get("add_bos_token") and bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+        )
+    else:
+        tokenizer.post_processor = None
+    kept = {"bos_token": bos, "chat_template": tokenizer_config.get("chat_template")}
+    return tokenizer, {k: v for k, v in kept.items() if v is not None}
+
+
+def is_gguf(path: Path) -> bool:
+    """A file that starts with GGUF's magic bytes."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
