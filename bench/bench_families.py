@@ -63,7 +63,15 @@ def make_checkpoint(shape: str, folder: Path) -> int:
     transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER), eos_token="<|endoftext|>").save_pretrained(
         folder
     )
-    cfg = json.loads((folder / "config.json").read_text())  # also the names llama.cpp's converter reads
+    readable_by_converter(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+def readable_by_converter(folder: Path) -> None:
+    """Also write the names llama.cpp's convert_hf_to_gguf.py reads (with transformers 4) into a transformers 5
+    folder: rope_theta, GPT-2's n_ctx, GPT-NeoX's rotary_pct, a tokenizer class transformers 4 knows."""
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = cfg["architectures"][0]
     rope = cfg.get("rope_parameters") or {}
     cfg.update(rope_theta=rope.get("rope_theta", 10000.0))
     if arch == "GPT2LMHeadModel":
@@ -71,9 +79,8 @@ def make_checkpoint(shape: str, folder: Path) -> int:
     if arch == "GPTNeoXForCausalLM":
         cfg.update(rotary_pct=rope.get("partial_rotary_factor", 0.25), rotary_emb_base=cfg["rope_theta"])
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())  # transformers 4 (the converter's) reads it
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "tokenizer_class": "PreTrainedTokenizerFast"}))
-    return sum(p.numel() for p in model.parameters())
 
 
 CONVERT = """

@@ -28,6 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.bench_families import readable_by_converter, to_gguf  # noqa: E402
 from model_store.gguf_files import export_gguf, import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
@@ -115,6 +116,7 @@ def add_families(store: Path) -> list[str]:
         model.save_pretrained(src)
         fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>")
         fast.save_pretrained(src)
+        readable_by_converter(src)
         add_checkpoint(src, name, store)
         names.append(name)
     return names
@@ -127,6 +129,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def differences(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    return [first_difference(x, y) for x, y in zip(a, b, strict=True)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
@@ -137,27 +143,36 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    report = {}
-    scratch = tempfile.TemporaryDirectory()
+    bin_dir = args.llama / "llama.cpp-build" / "bin"
+    converter = (str(args.llama / "venv-peers" / "bin" / "python"), args.llama / "src" / "llama_cpp_python-0.3.36"
+                 / "vendor" / "llama.cpp")  # fmt: skip
+    scratch = Path(tempfile.mkdtemp())
     models = [(args.store, name) for name in args.models]
     if args.families:
-        models += [(Path(scratch.name), name) for name in add_families(Path(scratch.name))]
+        models += [(scratch, name) for name in add_families(scratch)]
     for store, name in models:
         folder = store / name
         _, tokenizer = load_gpt(folder)
         prompts = [tokenizer.encode(p).ids for p in PROMPTS]
-        with tempfile.TemporaryDirectory() as tmp:
-            gguf = export_gguf(folder, Path(tmp) / f"{name}.gguf", args.type)
-            want = ours(folder, prompts, args.tokens)
-            got = llama(args.llama / "llama.cpp-build" / "bin", gguf, prompts, args.tokens)
-            back = ours(import_gguf(gguf, Path(tmp) / "imported"), prompts, args.tokens)
-        report[name] = {
-            "type": args.type,
-            "llama_server_equal": [g == w for g, w in zip(got, want, strict=True)],
-            "llama_server_first_difference": [first_difference(g, w) for g, w in zip(got, want, strict=True)],
-            "reimported_equal": [b == w for b, w in zip(back, want, strict=True)],
+        want = ours(folder, prompts, args.tokens)
+        gguf = export_gguf(folder, scratch / f"{name}.gguf", args.type)
+        # first differing token (null: all equal), llama-server and the file read back against ours
+        report = {
+            "exported": args.type,
+            "llama_server": differences(llama(bin_dir, gguf, prompts, args.tokens), want),
+            "read_back": differences(ours(import_gguf(gguf, scratch / f"{name}-read"), prompts, args.tokens), want),
         }
-        print(json.dumps({name: report[name]}), flush=True)
+        if (store / "src" / name).is_dir():  # files llama.cpp's own converter makes, read by us
+            for kind in ("f32", "q8_0"):
+                converted = scratch / f"{name}-converted-{kind}.gguf"
+                to_gguf(converter[0], converter[1], store / "src" / name, kind, converted)
+                read = ours(import_gguf(converted, scratch / f"{name}-converted-{kind}"), prompts, args.tokens)
+                report[f"converted_{kind}_read"] = differences(read, want)
+                if kind == "q8_0":  # the same dequantized weights, in llama.cpp's q8_0 kernels and our float32
+                    report["converted_q8_0_llama_server_vs_read"] = differences(
+                        llama(bin_dir, converted, prompts, args.tokens), read
+                    )
+        print(json.dumps({name: report}), flush=True)
 
 
 if __name__ == "__main__":
