@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from model_store.families import MissingTensor, decoder_checkpoint, family_of
@@ -198,6 +198,10 @@ def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
     return infos
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
+
+
 def load_gpt(
     folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_context: int | None = None
 ) -> tuple[GPT, Tokenizer]:
@@ -208,7 +212,8 @@ def load_gpt(
     if architecture_of(config_dict) != "gpt":
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
-    state = load_file(str(folder / "model.safetensors"))
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # cast one tensor at a time
+        state = {k: cast(f.get_tensor(k), dtype) for k in f.keys()}
     try:
         if config_dict.get("architecture") == "gpt":
             config = GPTConfig.from_dict(config_dict)
@@ -220,16 +225,17 @@ def load_gpt(
         raise CheckpointError(
             folder / "config.json", f"invalid or unsupported config ({type(e).__name__}: {e})"
         ) from None
-    model = GPT(config)
-    expected = model.state_dict()
+    with torch.device("meta"):
+        expected = GPT(config).state_dict()  # shapes only
     for name, tensor in state.items():
         if name in expected and expected[name].shape != tensor.shape:
             raise CheckpointError(
                 folder / "model.safetensors",
                 f"tensor {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}",
             )
-    missing, unexpected = model.load_state_dict(state, strict=False)  # casts to the model's fp32
-    missing = [m for m in missing if not (config.tie_weights and m == "lm_head.weight")]
+    unexpected = [name for name in state if name not in expected]
+    model = GPT.from_state(config, state)  # the file's tensors as cast: no float32 copy at random first
+    missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing or unexpected:
         raise CheckpointError(
             folder / "model.safetensors", f"missing tensors {missing}, unexpected tensors {unexpected}"

@@ -240,6 +240,11 @@ class GPTOutput:
     attentions: list[torch.Tensor] | None = None  # per layer, (B, H, T, S)
 
 
+def position_table(config: GPTConfig) -> torch.Tensor:
+    """The sinusoidal encoding of positions 0..context_length-1, (context_length, C)."""
+    return sinusoidal_encoding(torch.arange(config.context_length, device="cpu").unsqueeze(0), config.d_model)[0]
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -248,8 +253,7 @@ class GPT(nn.Module):
         if config.positions == "learned":
             self.pos_emb = nn.Embedding(config.context_length, config.d_model)
         if config.positions == "sinusoidal":  # a lookup per decode step instead of sin and cos of every angle
-            table = sinusoidal_encoding(torch.arange(config.context_length).unsqueeze(0), config.d_model)[0]
-            self.register_buffer("pe_table", table, persistent=False)  # (context_length, C)
+            self.register_buffer("pe_table", position_table(config), persistent=False)  # (context_length, C)
         self.drop = nn.Dropout(config.dropout)
         self.cache: StaticKVCache | None = None  # setup_cache(rows) allocates it
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -261,6 +265,20 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @classmethod
+    def from_state(cls, config: GPTConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> GPT:
+        """The model with a checkpoint's tensors as its parameters (cast to dtype): built on the meta device,
+        so nothing is initialised at random or held twice. A tensor the state lacks stays on meta."""
+        with torch.device("meta"):
+            model = cls(config)
+        cast = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in state.items()}
+        model.load_state_dict(cast, strict=False, assign=True)
+        if config.tie_weights:  # assigning tok_emb's tensor untied it
+            model.lm_head.weight = model.tok_emb.weight
+        if config.positions == "sinusoidal":
+            model.pe_table = position_table(config).to(model.tok_emb.weight.dtype)
+        return model
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -43,7 +43,14 @@ class Settings(BaseSettings):
         ge=16,
         description="positions a sequence may reach: a transformers checkpoint with a longer context is served "
         "up to this, and `tinyserve store add` checks it against this "
-        "(the static KV cache holds max_batch_size x this many positions per model; /info gives its bytes)",
+        "(the static KV cache holds max_batch_size x this many positions per model, within kv_cache_mb)",
+    )
+    kv_cache_mb: int = Field(
+        1024,
+        ge=1,
+        description="memory of one model's static KV cache (our decoder): max_batch_size slots of the served "
+        "context; where they do not fit, each slot's context is cut to fit, as llama.cpp splits its context "
+        "over its slots (start-up log and /info give the result)",
     )
     max_prefill_tokens: int = Field(
         4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"

@@ -150,7 +150,7 @@ class ModelRegistry:
         kind = kind_of(arch)
         if kind == "gpt":
             s = self.settings
-            runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights, s.max_context)
+            runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb)
             f = runner.facts
             return ServedModel(
                 id=model_id,

@@ -38,6 +38,8 @@ def test_health_models_info(client):
     assert card["card"].startswith("# tiny gpt") and card["config"]["n_layer"] == 2
     info = client.get("/info").json()
     assert info["max_new_tokens_cap"] == 40 and info["placement"]["dtype"] == "float32"
+    assert info["context"]["tiny-gpt"] == card["config"]["context_length"]
+    assert 0 < info["kv_cache_bytes"]["tiny-gpt"] <= info["kv_cache_mb"] * 2**20
 
 
 def test_generate_tgi_format(client):

@@ -146,6 +146,27 @@ def test_a_long_context_is_capped_for_the_static_cache(tmp_path):
     assert model.config.context_length == 32 and load_gpt(folder)[0].config.context_length == 64
 
 
+def test_the_kv_cache_fits_its_budget_by_cutting_each_slots_context(tmp_path):
+    """As llama.cpp splits -c over its slots: within kv_cache_mb, every slot keeps the same, shorter context."""
+    from server.runners import load_runner
+    from server.runners.gpt import fit_context
+
+    folder = stored(tmp_path, "llama")[1]
+    model, _ = load_gpt(folder)
+    per_position = 2 * 2 * (2 * 8) * 4  # layers x (keys, values) x (2 KV heads x 8 channels) x float32
+    assert fit_context(model, 4, 4 * 65 * per_position) == 64  # the whole context, and the spare column
+    assert fit_context(model, 4, 4 * 64 * per_position) == 48
+    with pytest.raises(ValueError, match="kv_cache_mb: 4 slots of 16 positions"):
+        fit_context(model, 4, 4 * 16 * per_position)
+    runner = load_runner("gpt", folder, torch.device("cpu"), torch.float32, 64, kv_cache_mb=1)
+    assert runner.facts.context_length == 48 and runner.facts.kv_cache_bytes <= 2**20
+    engine = GenerationEngine(runner, max_batch_size=64)
+    with pytest.raises(ValueError, match="context is 48"):
+        engine.submit(list(range(3, 60)), SamplingParams(), lambda e: None)
+    with pytest.raises(CheckpointError, match="kv_cache_mb: 1024 slots"):
+        load_runner("gpt", folder, torch.device("cpu"), torch.float32, 1024, kv_cache_mb=1)
+
+
 def test_derived_options_are_derived_again_when_a_config_changes():
     """Training builds variants with from_dict({**config.to_dict(), ...}): a head count, width or bias
     left to its default follows the change instead of keeping the old value."""

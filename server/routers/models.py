@@ -99,7 +99,9 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         default_eos_bias=settings.default_eos_bias,
         auth=settings.api_token is not None,
         max_context=settings.max_context,
+        kv_cache_mb=settings.kv_cache_mb,
         kv_cache_bytes={m.id: m.runner.facts.kv_cache_bytes for m in registry.models.values() if m.runner},
+        context={m.id: m.runner.facts.context_length for m in registry.models.values() if m.runner},
         placement=registry.placement.describe(),
     )
 

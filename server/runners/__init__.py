@@ -4,6 +4,7 @@ from the checkpoint's architecture (model_store.architecture_of)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,9 +25,11 @@ def load_runner(
     max_rows: int,
     weights: str = "native",
     max_context: int | None = None,
+    kv_cache_mb: int | None = None,
 ):
     """The runner of a validated checkpoint folder, its weights on device in dtype (linear layers in
-    int8 when weights == "int8"), its positions capped at max_context."""
+    int8 when weights == "int8"), its positions capped at max_context and by what max_rows slots of
+    kv_cache_mb hold."""
     import json
 
     from model_store import CheckpointError, load_causal_lm, load_gpt
@@ -34,10 +37,21 @@ def load_runner(
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     if architecture == "gpt":  # our decoder: ours, or a family model_store/families.py maps onto it
-        from server.runners.gpt import GPTRunner
+        from server.runners.gpt import GPTRunner, fit_context
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)
         family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
+        if kv_cache_mb is not None:
+            try:
+                context = fit_context(model, max_rows, kv_cache_mb * 2**20)
+            except ValueError as e:
+                raise CheckpointError(folder, str(e)) from None
+            if context < model.config.context_length:
+                log.warning(
+                    "%s: %d positions a slot (of %d): %d slots fill kv_cache_mb=%d",
+                    folder.name, context, model.config.context_length, max_rows, kv_cache_mb,
+                )  # fmt: skip
+                model.config = replace(model.config, context_length=context)
         return GPTRunner(quantize(model), tokenizer, max_rows, family)
     if architecture == "causal-lm":
         from server.runners.hf_causal import HFCausalLMRunner

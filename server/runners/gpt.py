@@ -31,6 +31,22 @@ class TokenizersCodec:
         return self.tokenizer.decode(ids)
 
 
+def fit_context(model: GPT, rows: int, budget_bytes: int) -> int:
+    """The positions each of `rows` slots keeps so that the decode step's KV cache (with its one spare
+    column) stays within budget_bytes: the model's context, or less (a multiple of 16) where that does
+    not fit; ValueError below 16."""
+    p = next(model.parameters())
+    per_position = sum(h * d for block in model.blocks for h, d in block.attn.cache_shapes()) * p.element_size()
+    context = model.config.context_length
+    if rows * (context + 1) * per_position <= budget_bytes:
+        return context
+    fits = (budget_bytes // (rows * per_position) - 1) // 16 * 16
+    if fits < 16:
+        need = -(-rows * 17 * per_position // 2**20)
+        raise ValueError(f"kv_cache_mb: {rows} slots of 16 positions need {need} MB ({per_position} bytes a position)")
+    return fits
+
+
 class GPTRunner:
     def __init__(self, model: GPT, tokenizer: Tokenizer | None, max_rows: int = 32, family: str = "gpt") -> None:
         c = model.config

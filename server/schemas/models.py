@@ -53,9 +53,11 @@ class Info(BaseModel):
     default_eos_bias: float
     auth: bool
     max_context: int = Field(description="positions a sequence may reach (longer checkpoint contexts are capped)")
+    kv_cache_mb: int = Field(description="the bound on each model's static KV cache (a slot's context is cut to fit)")
     kv_cache_bytes: dict[str, int] = Field(
-        description="per model, the bytes its static KV cache holds (max_batch_size slots x its context)"
+        description="per model, the bytes its static KV cache holds (max_batch_size slots x its served context)"
     )
+    context: dict[str, int] = Field(description="per model, the positions a sequence may reach as served")
     placement: dict = Field(
         description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
     )
