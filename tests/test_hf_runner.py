@@ -163,3 +163,57 @@ def test_store_add_command_uses_the_store_setting(tmp_path, tiny_tokenizer, monk
     with pytest.raises(SystemExit) as e:
         tinyserve(["store", "add", str(tmp_path / "src"), "my-neox"])  # already there
     assert e.value.code == 2 and "already in the store" in capsys.readouterr().err
+
+
+OTHERS = {  # architectures our decoder does not compute: served by transformers, on its per-slot cache
+    "opt": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, max_position_embeddings=64,
+                word_embed_proj_dim=32),
+    "phi": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, partial_rotary_factor=0.5),
+    "gemma2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   intermediate_size=64, max_position_embeddings=64, sliding_window=48),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(OTHERS))
+def test_other_architectures_serve_transformers_greedy_tokens_from_their_slots(tmp_path, tiny_tokenizer, kind):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import transformers
+
+    from models.sampling import SamplingParams
+    from server.engine import GenerationEngine
+    from server.runners import load_runner
+
+    eos = eos_id(tiny_tokenizer)
+    config = transformers.AutoConfig.for_model(kind, vocab_size=tiny_tokenizer.get_vocab_size(), bos_token_id=eos,
+                                               eos_token_id=eos, pad_token_id=eos, **OTHERS[kind])  # fmt: skip
+    torch.manual_seed(0)
+    theirs = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # spread the logits: greedy tokens that are not near-ties
+        for p in theirs.parameters():
+            p.mul_(4.0) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
+    theirs.save_pretrained(tmp_path / "src")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer, eos_token=EOS_TOKEN).save_pretrained(
+        tmp_path / "src"
+    )
+    folder = add_checkpoint(tmp_path / "src", kind, tmp_path / "store")
+    runner = load_runner("causal-lm", folder, torch.device("cpu"), torch.float32, 4)
+    assert runner.facts.context_length == min(64, OTHERS[kind].get("sliding_window", 64))
+    engine = GenerationEngine(runner, max_batch_size=4)
+    prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "A", "The museum was opened in 18")]
+    params = SamplingParams(max_new_tokens=N, temperature=0, eos_bias=float("-inf"))
+    with torch.no_grad():
+        greedy = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False)
+        runs = [theirs.generate(torch.tensor([p]), **greedy) for p in prompts]
+    want = [run[0, len(p) :].tolist() for run, p in zip(runs, prompts, strict=True)]
+    engine.start()
+    try:
+        solo = [[e.id for e in engine.generate(p, params)[0]] for p in prompts]
+        keys = runner.cache.layers[0].key_buffer
+        with ThreadPoolExecutor(3) as pool:
+            batched = list(pool.map(lambda p: [e.id for e in engine.generate(p, params)[0]], prompts))
+    finally:
+        engine.stop()
+    assert solo == want and batched == want
+    assert runner.cache.layers[0].key_buffer is keys  # the slots stay where they are: no copy a step

@@ -56,11 +56,12 @@ def load_runner(
     if architecture == "causal-lm":
         from server.runners.hf_causal import HFCausalLMRunner
 
-        log.warning("%s: served by transformers, the slow path (no static cache, no compiled steps)", folder.name)
+        log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
         try:
-            return HFCausalLMRunner(model, tokenizer, max_rows)
+            budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
+            return HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
         except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint
             raise CheckpointError(folder / "config.json", str(e)) from None
     raise CheckpointError(folder / "config.json", f"no runner for architecture {architecture!r}")

@@ -1,22 +1,81 @@
-"""A transformers causal LM (GPT-2, GPT-NeoX, ...) behind the runner seam, for models trained with
-transformers or exported by `tinyserve export`.
+"""A transformers causal LM (any architecture our decoder does not compute) behind the runner seam.
 
-Each slot holds its own keys and values (per layer, (1, heads, length, head_dim)). A decode step
-left-pads the running sequences' caches to the longest, masks the padding, gives every row its own
-position id, runs the model once for the batch, and appends each row's new column to its slot: exact
-continuous batching for any architecture transformers runs with a DynamicCache, at the cost of
-copying the caches every step (fine for the small models this product serves; our GPT's static cache
-avoids it).
+Every slot keeps its keys and values in one preallocated buffer per layer, (slots, heads, context,
+head_dim), as our decoder's static cache does (`SlotCache`, a transformers `Cache`): a row's tokens sit
+at their own positions, a prefill writes a group of right-padded prompts in one pass, and a decode step
+writes each row's new column where it belongs and attends over the first `columns` (the longest row's),
+the shorter rows' later columns masked. Nothing is copied between steps.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
 
-Slot = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, length, head_dim)
+log = logging.getLogger("tinyserve")
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's slots: writes at each row's positions, returns the step's rows and columns as views."""
+
+    def __init__(self, cache: SlotCache) -> None:
+        super().__init__()
+        self.cache = cache
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, context = self.cache.slots, self.cache.context
+        self.key_buffer = key_states.new_zeros(rows, key_states.shape[1], context, key_states.shape[3])
+        self.value_buffer = value_states.new_zeros(rows, value_states.shape[1], context, value_states.shape[3])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        c = self.cache
+        rows = torch.arange(c.first, c.first + key_states.shape[0], device=self.device).unsqueeze(1)  # (B, 1)
+        self.key_buffer[rows, :, c.positions] = key_states.transpose(1, 2)  # indexed as (B, T, heads, D)
+        self.value_buffer[rows, :, c.positions] = value_states.transpose(1, 2)
+        window = slice(c.first, c.first + key_states.shape[0])
+        return self.key_buffer[window, :, : c.columns], self.value_buffer[window, :, : c.columns]
+
+    def get_seq_length(self) -> int:
+        return self.cache.columns - self.cache.positions.shape[1]  # the columns before this step's queries
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.columns, 0
+
+    def get_max_length(self) -> int:
+        return self.cache.context
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        if self.is_initialized:
+            self.key_buffer[dst, :, :length] = self.key_buffer[src, :, :length]
+            self.value_buffer[dst, :, :length] = self.value_buffer[src, :, :length]
+
+
+class SlotCache(Cache):
+    """Per-slot static keys and values for every layer; `at` sets where the next forward writes and reads."""
+
+    def __init__(self, layers: int, slots: int, context: int) -> None:
+        self.slots, self.context = slots, context
+        self.first, self.positions, self.columns = 0, torch.zeros(1, 1, dtype=torch.long), 1
+        super().__init__(layers=[SlotLayer(self) for _ in range(layers)])
+
+    def at(self, first: int, positions: torch.Tensor, columns: int) -> SlotCache:
+        """Rows first.. (one per input row) write positions (B, T) and attend over their first `columns`."""
+        self.first, self.positions, self.columns = first, positions, columns
+        return self
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        for layer in self.layers:
+            layer.move(src, dst, length)
 
 
 class HFCodec:
@@ -41,8 +100,33 @@ def context_length_of(config) -> int:
     raise ValueError(f"{type(config).__name__} names no context length")
 
 
+def served_context(config, max_context: int | None) -> int:
+    """The checkpoint's context, capped at max_context and at its sliding window (within the window,
+    sliding attention is full attention: the slot cache needs no window of its own)."""
+    context = context_length_of(config)
+    if max_context:
+        context = min(context, max_context)
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if not kinds <= set(ATTENTION_LAYERS):
+        raise ValueError(f"layer types {sorted(kinds - set(ATTENTION_LAYERS))} have no key/value slots to serve")
+    window = getattr(config, "sliding_window", None)
+    if window and ("sliding_attention" in kinds or getattr(config, "use_sliding_window", True)):
+        context = min(context, int(window))
+    return context
+
+
+def bytes_per_position(config, dtype: torch.dtype) -> int:
+    """Keys and values of one position in every layer (from the config: the buffers are shaped at first use)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
 class HFCausalLMRunner:
-    def __init__(self, model, tokenizer, max_rows: int = 32) -> None:
+    def __init__(
+        self, model, tokenizer, max_rows: int = 32, max_context: int | None = None, kv_cache_bytes: int | None = None
+    ) -> None:
         c = model.config
         eos = c.eos_token_id if c.eos_token_id is not None else tokenizer.eos_token_id
         eos = eos[0] if isinstance(eos, list) else eos
@@ -50,10 +134,19 @@ class HFCausalLMRunner:
             raise ValueError("the model names no end-of-text token (config.eos_token_id or the tokenizer's)")
         self.model = model.eval()
         self.tokenizer = HFCodec(tokenizer)
+        self.device = next(model.parameters()).device
+        context = served_context(c, max_context)
+        per_position = bytes_per_position(c, next(model.parameters()).dtype)
+        if kv_cache_bytes is not None and max_rows * context * per_position > kv_cache_bytes:
+            fits = kv_cache_bytes // (max_rows * per_position) // 16 * 16
+            if fits < 16:
+                raise ValueError(f"kv_cache_mb: {max_rows} slots of 16 positions need more than {kv_cache_bytes} bytes")
+            log.warning("%s: %d positions a slot (of %d) fill the KV cache budget", type(model).__name__, fits, context)
+            context = fits
         architecture = type(model).__name__
         self.facts = RunnerFacts(
             family=architecture,
-            context_length=context_length_of(c),
+            context_length=context,
             vocab_size=c.vocab_size,
             eos_id=int(eos),
             layers=c.num_hidden_layers,
@@ -61,59 +154,48 @@ class HFCausalLMRunner:
             normaliser="softmax0",
             attention_settings={"softmax": "softmax0", "n_head": c.num_attention_heads, "architecture": architecture},
             config=c.to_dict(),
+            kv_cache_bytes=max_rows * context * per_position,
         )
-        self.device = next(model.parameters()).device
-        self.slots: list[Slot | None] = [None] * max_rows
+        self.cache = SlotCache(c.num_hidden_layers, max_rows, context)
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Each prompt alone (no padding, so its cache is exactly its own)."""
-        from transformers import DynamicCache
-
-        rows = []
-        for slot, prompt in zip(slots, prompts, strict=True):
-            cache = DynamicCache(config=self.model.config)
-            out = self.model(torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True)
-            self.slots[slot] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-            rows.append(out.logits[0, -1])
-        return torch.stack(rows).float().cpu()
-
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
-        from transformers import DynamicCache
-
-        n, longest = len(tokens), max(positions)  # position i = tokens cached for row i
-        layers = []
-        for layer in range(len(self.slots[0])):
-            keys, values = self.slots[0][layer]
-            k = keys.new_zeros(n, keys.shape[1], longest, keys.shape[3])  # left-padded to the longest
-            v = values.new_zeros(n, values.shape[1], longest, values.shape[3])
-            for i in range(n):
-                ki, vi = self.slots[i][layer]
-                k[i, :, longest - positions[i] :] = ki[0]
-                v[i, :, longest - positions[i] :] = vi[0]
-            layers.append((k, v))
-        mask = torch.zeros(n, longest + 1, dtype=torch.long, device=self.device)
-        for i, p in enumerate(positions):
-            mask[i, longest - p :] = 1
+        """Right-padded prompts (B, T) in one pass into their consecutive slots; a row's padding lands past
+        its prompt, where its decode steps write (causal attention alone: a padding mask would leave the
+        padded queries with no key, and NaN in the columns they write)."""
+        if slots != list(range(slots[0], slots[0] + len(slots))):
+            raise ValueError(f"prefill slots must be consecutive, got {slots}")
+        lengths = [len(p) for p in prompts]
+        T = max(lengths)
+        ids = torch.full((len(prompts), T), self.facts.eos_id, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, : len(prompt)] = torch.tensor(prompt)
+        positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         out = self.model(
-            input_ids=torch.tensor(tokens, device=self.device).view(n, 1),
-            attention_mask=mask,
-            position_ids=torch.tensor(positions, device=self.device).view(n, 1),
-            past_key_values=DynamicCache(ddp_cache_data=layers, config=self.model.config),
+            input_ids=ids.to(self.device),
+            position_ids=positions,
+            past_key_values=self.cache.at(slots[0], positions, T),
             use_cache=True,
         )
-        for layer, new in enumerate(out.past_key_values.layers):
-            for i in range(n):
-                keys, values = self.slots[i][layer]
-                self.slots[i][layer] = (
-                    torch.cat([keys, new.keys[i : i + 1, :, -1:]], dim=2),
-                    torch.cat([values, new.values[i : i + 1, :, -1:]], dim=2),
-                )
+        last = torch.tensor(lengths, device=self.device) - 1
+        return out.logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
+
+    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+        n, columns = len(tokens), max(positions) + 1  # position i: where row i's token goes
+        at = torch.tensor(positions, device=self.device).view(n, 1)
+        visible = torch.arange(columns, device=self.device) <= at  # (n, columns): a row's own columns
+        out = self.model(
+            input_ids=torch.tensor(tokens, device=self.device).view(n, 1),
+            attention_mask=visible.long(),
+            position_ids=at,
+            past_key_values=self.cache.at(0, at, columns),
+            use_cache=True,
+        )
         logits = out.logits[:, -1]
         greedy, logprobs = greedy_choice(logits, torch.tensor(eos_bias, device=logits.device), self.facts.eos_id)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
     def move(self, src: int, dst: int, length: int) -> None:
-        self.slots[dst], self.slots[src] = self.slots[src], None
+        self.cache.move(src, dst, length)
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         return self.model(torch.tensor([ids], device=self.device)).logits[0]
