@@ -33,7 +33,7 @@ from model_store.gguf_files import export_gguf, import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.engine import GenerationEngine  # noqa: E402
-from server.runners.gpt import GPTRunner  # noqa: E402
+from server.runners.decoder.runner import GPTRunner  # noqa: E402
 
 PROMPTS = ["The history of the city begins in the early Middle Ages , when", "In 1998 , the band released", "He"]
 

@@ -38,7 +38,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """The next token is the argmax of the logits with only the EOS bias applied: the decode step
-        chooses it on the graph, with its logprob (server/decode_step.py), and no Python sampler runs
+        chooses it on the graph, with its logprob (server/runners/decoder/step.py), and no Python sampler runs
         for the row."""
         return (
             self.temperature == 0 and self.repetition_penalty == 1.0 and not self.logit_bias and not self.top_logprobs

@@ -1,6 +1,6 @@
 """Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
 
-Two targets have buckets to compile: the GPT's decode step (server/decode_step.py: one per row
+Two targets have buckets to compile: the GPT's decode step (server/runners/decoder/step.py: one per row
 count, its key columns a dynamic dimension) and the EsperBERTo encoder (server/encoder_step.py).
 Each gives the compiler its buckets, its eager function, and example inputs of a bucket's shapes;
 the compiler fills its `compiled` dict.
@@ -11,7 +11,7 @@ the weights as graph inputs). Freezing is set in inductor's config around the fi
 torch.compile(options=...) it never took effect, so the figures of docs/BENCHMARKS.md before
 session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is compiled with
 inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
-(server/cuda_graphs.py).
+(server/runners/decoder/cuda_graphs.py).
 
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
 compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
@@ -255,6 +255,14 @@ def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
     if not ok:
         raise value
     return value
+
+
+def buckets(limit: int, smallest: int = 1) -> list[int]:
+    """Sizes with their own shapes: smallest, doubling while below limit, then limit."""
+    sizes = [smallest]
+    while sizes[-1] * 2 < limit:
+        sizes.append(sizes[-1] * 2)
+    return [size for size in sizes if size < limit] + [limit]
 
 
 def settle_garbage() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from server.decode_step import buckets
+from server.compiled import buckets
 
 if TYPE_CHECKING:  # transformers takes 2 s to import: loaded with the first fill-mask model
     from models.esperberto.model import MaskedLM

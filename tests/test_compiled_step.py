@@ -17,7 +17,7 @@ from server.compiled import (
     skipping_guards,
 )
 from server.engine import GenerationEngine
-from server.runners.gpt import GPTRunner
+from server.runners.decoder.runner import GPTRunner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 VARIANTS = {

@@ -9,7 +9,7 @@ from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.detokenizer import Detokenizer
 from server.engine import FinishEvent, GenerationEngine, QueueFullError
-from server.runners.gpt import GPTRunner
+from server.runners.decoder.runner import GPTRunner
 from tests.conftest import tiny_gpt
 
 

@@ -11,7 +11,7 @@ from model_store.ingest import add_checkpoint
 from model_store.store import CheckpointError, load_gpt
 from models.sampling import SamplingParams
 from server.engine import GenerationEngine
-from server.runners.gpt import GPTRunner, TokenizersCodec
+from server.runners.decoder.runner import GPTRunner, TokenizersCodec
 
 VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -149,7 +149,7 @@ def test_a_long_context_is_capped_for_the_static_cache(tmp_path):
 def test_the_kv_cache_fits_its_budget_by_cutting_each_slots_context(tmp_path):
     """As llama.cpp splits -c over its slots: within kv_cache_mb, every slot keeps the same, shorter context."""
     from server.runners import load_runner
-    from server.runners.gpt import fit_context
+    from server.runners.decoder.runner import fit_context
 
     folder = stored(tmp_path, "llama")[1]
     model, _ = load_gpt(folder)

@@ -141,7 +141,7 @@ def test_q8_0_blocks_are_read_back_as_written(tmp_path, tiny_tokenizer):
 
 
 def test_a_tokenizer_that_starts_with_bos_still_does_after_gguf(tmp_path, tiny_tokenizer):
-    from server.runners.gpt import TokenizersCodec
+    from server.runners.decoder.runner import TokenizersCodec
 
     _, folder = stored_family(tmp_path, "llama", tiny_tokenizer, bos=True)
     out = export_gguf(folder, tmp_path / "bos.gguf")

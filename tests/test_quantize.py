@@ -9,7 +9,7 @@ from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler
 from server.engine import GenerationEngine
 from server.runners import load_runner
-from server.runners.gpt import GPTRunner
+from server.runners.decoder.runner import GPTRunner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 

@@ -12,7 +12,7 @@ from models.positions import rope, rope_rotation
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine import GenerationEngine
-from server.runners.gpt import GPTRunner
+from server.runners.decoder.runner import GPTRunner
 from tests.conftest import tiny_gpt
 from training.variants import VARIANTS
 

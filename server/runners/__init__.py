@@ -37,7 +37,7 @@ def load_runner(
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     if architecture == "gpt":  # our decoder: ours, or a family model_store/families.py maps onto it
-        from server.runners.gpt import GPTRunner, fit_context
+        from server.runners.decoder.runner import GPTRunner, fit_context
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)
         family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]

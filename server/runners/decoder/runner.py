@@ -1,5 +1,5 @@
 """Our from-scratch GPT behind the runner seam. Its static KV cache holds the engine's slots: a
-prefill writes the prompts straight into their slots, a decode step (server/decode_step.py, fixed
+prefill writes the prompts straight into their slots, a decode step (server/runners/decoder/step.py, fixed
 shapes, compiled) extends them; both are the model's one forward(idx, input_pos)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from tokenizers import Tokenizer
 
 from models.gpt import GPT
-from server.decode_step import DecodeStep
 from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
+from server.runners.decoder.step import DecodeStep
 
 
 class TokenizersCodec:
@@ -87,7 +87,7 @@ class GPTRunner:
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         cache = self.step.cache.view(len(prompts), T, start=slots[0])
         last = torch.tensor(lengths, device=self.device) - 1
-        # the prepacked copy (server/prepacked.py): a 14-token prompt 7.6 -> 3.9 ms in bf16
+        # the prepacked copy (server/runners/decoder/prepacked.py): a 14-token prompt 7.6 -> 3.9 ms in bf16
         logits = self.step.eager_model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, V)
         return logits[:, 0].float().cpu()
 

@@ -6,9 +6,9 @@ key columns of each, S = p rounded up to a multiple of 16 (reading all `context`
 cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
 Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
-a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/cuda_graphs.py). Until
+a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/runners/decoder/cuda_graphs.py). Until
 a b's compiled step is ready (server/compiled.py builds them off the request path), the same step
-runs eagerly (on the CPU in bf16 with prepacked linear layers: server/prepacked.py). The step takes
+runs eagerly (on the CPU in bf16 with prepacked linear layers: server/runners/decoder/prepacked.py). The step takes
 the cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
 weights must see the cache as inputs it mutates, not as constants.
 """
@@ -23,9 +23,10 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.cuda_graphs import CUDAGraphs
-from server.prepacked import prepacked_copy
+from server.compiled import buckets
 from server.runners.base import StepOutput
+from server.runners.decoder.cuda_graphs import CUDAGraphs
+from server.runners.decoder.prepacked import prepacked_copy
 
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
 #   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
@@ -33,14 +34,6 @@ StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
-
-
-def buckets(limit: int, smallest: int = 1) -> list[int]:
-    """Sizes with their own shapes: smallest, doubling while below limit, then limit."""
-    sizes = [smallest]
-    while sizes[-1] * 2 < limit:
-        sizes.append(sizes[-1] * 2)
-    return [size for size in sizes if size < limit] + [limit]
 
 
 def eager_step(model: GPT, n_layer: int) -> StepFn:
