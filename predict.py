@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
-from model_store import STORE_ROOT
-from server.config import Settings
+from server.config import Settings, default
 from server.engine import FinishEvent
 from server.errors import APIError
 from server.inspection import attention, attention_png, fill_mask
@@ -25,7 +24,8 @@ from server.service import fill_mask_models, find_model, prepare_completion, str
 
 AUTO = "auto"
 # the store's folders (validating, i.e. hashing, every checkpoint is setup()'s job, not the import's)
-MODELS = [AUTO, *sorted(p.parent.name for p in STORE_ROOT.glob("*/config.json"))]
+MODELS = [AUTO, *sorted(p.parent.name for p in Settings().store.glob("*/config.json"))]
+CAP = default("max_new_tokens_cap")  # the inputs' bounds are the server's settings (raised there, checked again)
 
 
 class Predictor(BasePredictor):
@@ -44,7 +44,7 @@ class Predictor(BasePredictor):
             description="complete: the prompt. fill-mask: an Esperanto sentence with <mask>. "
             "attention: the sentence whose attention to draw.",
             min_length=1,
-            max_length=20_000,
+            max_length=default("max_prompt_chars"),
         ),
         task: str = Input(
             default="complete", choices=["complete", "fill-mask", "attention"], description="What to do."
@@ -54,7 +54,7 @@ class Predictor(BasePredictor):
             choices=MODELS,
             description="auto: the GPT for complete and attention, both EsperBERTo variants for fill-mask.",
         ),
-        max_new_tokens: int = Input(default=64, ge=1, le=256, description="complete: tokens to generate at most."),
+        max_new_tokens: int = Input(default=64, ge=1, le=CAP, description="complete: tokens to generate at most."),
         temperature: float = Input(default=0.8, ge=0.0, le=5.0, description="complete: 0 = greedy."),
         top_k: int = Input(
             default=0, ge=0, le=50_000, description="complete: sample among the k most likely (0 = off)."
@@ -65,11 +65,12 @@ class Predictor(BasePredictor):
         ),
         stop: str = Input(default="", max_length=1000, description="complete: stop sequences, separated by '|'."),
         seed: int = Input(default=-1, ge=-1, description="complete: same seed, same output (-1 = random)."),
-        eos_bias: float = Input(
-            default=0.0,
+        eos_bias: float | None = Input(
+            default=None,
             ge=-1e9,
             le=100.0,
-            description="complete: added to the end-of-text logit; negative = longer outputs, -1e9 = never stop.",
+            description="complete: added to the end-of-text logit; negative = longer outputs, -1e9 = never stop "
+            "(unset: the server's TINYSERVE_DEFAULT_EOS_BIAS).",
         ),
         eos_bias_decay: float = Input(
             default=1.0,
@@ -78,7 +79,7 @@ class Predictor(BasePredictor):
             description="complete: the EOS bias shrinks by this factor per token (1 = constant).",
         ),
         min_new_tokens: int = Input(
-            default=0, ge=0, le=256, description="complete: no end-of-text before this many tokens."
+            default=0, ge=0, le=CAP, description="complete: no end-of-text before this many tokens."
         ),
         top_n: int = Input(default=5, ge=1, le=50, description="fill-mask: candidates per mask."),
         layer: int = Input(default=-1, ge=-1, le=63, description="attention: layer to draw (-1 = all)."),

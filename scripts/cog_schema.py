@@ -36,10 +36,10 @@ def input_schema(info) -> tuple[dict[str, Any], dict[str, Any]]:
         else:
             prop["title"] = name.replace("_", " ").title()
             prop.update(field.type.json_type())
-        if field.default is None:
-            required.append(name)
-        else:
+        if field.default is not None:
             prop["default"] = field.default
+        elif not field.type.repetition.name.startswith("OPTIONAL"):  # `X | None = Input(default=None)` may be left out
+            required.append(name)
         for key, attr in (
             ("description", "description"),
             ("minimum", "ge"),

@@ -65,7 +65,10 @@ class Settings(BaseSettings):
         Path("~/.cache/tinyserve/compiled"), description="compiled steps cached here (per checkpoint, dtype, torch)"
     )
     max_new_tokens_cap: int = Field(256, ge=1, description="upper bound on max_new_tokens")
-    max_prompt_chars: int = Field(20_000, ge=1, description="longer prompts are refused (422)")
+    max_prompt_chars: int = Field(20_000, ge=1, description="longer text prompts are refused (422)")
+    max_prompt_tokens: int = Field(
+        32_768, ge=1, description="longer prompts sent as token ids are refused (422), before any id is checked"
+    )
     truncate_prompt: bool = Field(
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )
@@ -78,3 +81,9 @@ class Settings(BaseSettings):
     auth_exempt: list[str] = Field(["/health", "/metrics"], description="paths that never need the token")
     cors_origins: list[str] = Field([], description="allowed CORS origins (closed by default)")
     max_body_bytes: int = Field(1_000_000, ge=1, description="larger request bodies get 413")
+
+
+def default(name: str):
+    """A setting's declared default: what the engine, the runners and the Cog predictor use when nothing is
+    configured (one source for every default)."""
+    return Settings.model_fields[name].default

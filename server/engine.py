@@ -23,6 +23,7 @@ import torch
 
 from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob, sample
 from server.compute import ComputeThread
+from server.config import default
 from server.detokenizer import Detokenizer
 from server.runners import CausalLMRunner
 
@@ -117,8 +118,17 @@ class EngineStats:
 
 class GenerationEngine:
     def __init__(
-        self, runner: CausalLMRunner, max_batch_size: int = 32, max_queue: int = 64, max_prefill_tokens: int = 4096
+        self,
+        runner: CausalLMRunner,
+        max_batch_size: int | None = None,
+        max_queue: int = default("max_queue"),
+        max_prefill_tokens: int = default("max_prefill_tokens"),
     ) -> None:
+        """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
+        slots = runner.facts.slots
+        max_batch_size = slots if max_batch_size is None else max_batch_size
+        if max_batch_size > slots:
+            raise ValueError(f"max_batch_size {max_batch_size} > the runner's {slots} slots")
         self.runner = runner
         self.tokenizer = runner.tokenizer
         self.eos_id = runner.facts.eos_id

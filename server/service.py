@@ -117,8 +117,8 @@ def encode_prompt(m: ServedModel, text: str, settings: Settings, field: str) -> 
 
 def check_token_ids(m: ServedModel, ids: list[int], settings: Settings, field: str) -> list[int]:
     """A prompt sent as token ids: each must be in the vocabulary; the error names the index."""
-    if len(ids) > settings.max_prompt_chars:
-        raise APIError(422, f"{field}: prompt has {len(ids)} tokens; the limit is {settings.max_prompt_chars}", field)
+    if len(ids) > settings.max_prompt_tokens:
+        raise APIError(422, f"{field}: prompt has {len(ids)} tokens; the limit is {settings.max_prompt_tokens}", field)
     vocab = m.runner.facts.vocab_size
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:

@@ -154,3 +154,29 @@ def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_serve
     with TestClient(create_app(Settings(store=cog_store))) as c:
         http_text = c.post("/generate", json=body).json()["generated_text"]
     assert "".join(cog.json()["output"]) == http_text and http_text
+
+
+@pytest.mark.parametrize("bias, ends_at_once", [(100.0, True), (-1e9, False)])
+def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monkeypatch, bias, ends_at_once):
+    """TINYSERVE_DEFAULT_EOS_BIAS changes a prediction that sets no eos_bias as it changes /generate."""
+    import inspect
+
+    from fastapi.testclient import TestClient
+
+    from predict import Predictor
+    from server.app import create_app
+    from server.config import Settings
+
+    for name, value in (("STORE", cog_store), ("DEFAULT_EOS_BIAS", bias), ("COMPILE_MODELS", "false")):
+        monkeypatch.setenv(f"TINYSERVE_{name}", str(value))
+    inputs = {n: p.default.default for n, p in inspect.signature(Predictor.predict).parameters.items() if n != "self"}
+    predictor = Predictor()
+    predictor.setup()
+    try:
+        text = "".join(predictor.predict(**{**inputs, "prompt": "The castle", "max_new_tokens": 8, "temperature": 0}))
+    finally:
+        predictor.registry.stop()
+    with TestClient(create_app(Settings())) as client:
+        body = {"inputs": "The castle", "parameters": {"max_new_tokens": 8, "details": True}}
+        generated = client.post("/generate", json=body).json()["details"]["generated_tokens"]
+    assert (text == "") == ends_at_once and (generated == 0) == ends_at_once

@@ -147,3 +147,15 @@ def test_echoed_prompts_longer_than_the_context_are_scored_with_sliding_windows(
     assert r.json()["usage"]["prompt_tokens"] == len(ids)
     r = client.post("/v1/completions", json={**GREEDY, "prompt": ids, "max_tokens": 1})
     assert r.status_code == 422 and error_of(r)["field"] == "prompt"  # without echo: refused, as before
+
+
+def test_token_id_prompts_have_a_token_cap_and_text_prompts_a_character_cap(store):
+    """Two units, two settings: max_prompt_tokens bounds a prompt of ids, max_prompt_chars a text."""
+    settings = Settings(store=store, max_prompt_tokens=8, max_prompt_chars=12)
+    with TestClient(create_app(settings)) as client:
+        ids = client.post("/v1/completions", json={**GREEDY, "prompt": [5] * 9, "max_tokens": 1})
+        text = client.post("/v1/completions", json={**GREEDY, "prompt": "x" * 13, "max_tokens": 1})
+        fits = client.post("/v1/completions", json={**GREEDY, "prompt": [5] * 8, "max_tokens": 1})
+    assert ids.status_code == 422 and "9 tokens; the limit is 8" in error_of(ids)["error"]
+    assert text.status_code == 422 and "13 characters; the limit is 12" in error_of(text)["error"]
+    assert fits.status_code == 200, fits.text

@@ -295,3 +295,10 @@ def test_greedy_rows_take_their_tokens_from_the_step_not_the_batch_sampler(engin
     assert calls == [1] and finish.generated_tokens == 12
     assert [t.id for t in tokens] == [t.id for t in sampler_tokens]
     assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-4) for a, b in zip(tokens, sampler_tokens, strict=True))
+
+
+def test_a_batch_larger_than_the_runners_slots_is_refused(tiny_trained_gpt, tiny_tokenizer):
+    runner = GPTRunner(tiny_trained_gpt, tiny_tokenizer, 4)
+    with pytest.raises(ValueError, match="max_batch_size 8 > the runner's 4 slots"):
+        GenerationEngine(runner, max_batch_size=8)
+    assert GenerationEngine(runner).max_batch_size == 4  # its slots, unless fewer are asked for

@@ -95,6 +95,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         max_prefill_tokens=settings.max_prefill_tokens,
         max_new_tokens_cap=settings.max_new_tokens_cap,
         max_prompt_chars=settings.max_prompt_chars,
+        max_prompt_tokens=settings.max_prompt_tokens,
         request_timeout_s=settings.request_timeout_s,
         default_eos_bias=settings.default_eos_bias,
         auth=settings.api_token is not None,

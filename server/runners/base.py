@@ -51,6 +51,7 @@ class RunnerFacts:
     attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
     kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
+    slots: int = 1  # sequences it keeps at once: the engine's batch is at most this
 
 
 @dataclass

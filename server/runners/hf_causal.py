@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
+from server.config import default
 from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
 
 log = logging.getLogger("tinyserve")
@@ -125,7 +126,12 @@ def bytes_per_position(config, dtype: torch.dtype) -> int:
 
 class HFCausalLMRunner:
     def __init__(
-        self, model, tokenizer, max_rows: int = 32, max_context: int | None = None, kv_cache_bytes: int | None = None
+        self,
+        model,
+        tokenizer,
+        max_rows: int = default("max_batch_size"),
+        max_context: int | None = None,
+        kv_cache_bytes: int | None = None,
     ) -> None:
         c = model.config
         eos = c.eos_token_id if c.eos_token_id is not None else tokenizer.eos_token_id
@@ -155,6 +161,7 @@ class HFCausalLMRunner:
             attention_settings={"softmax": "softmax0", "n_head": c.num_attention_heads, "architecture": architecture},
             config=c.to_dict(),
             kv_cache_bytes=max_rows * context * per_position,
+            slots=max_rows,
         )
         self.cache = SlotCache(c.num_hidden_layers, max_rows, context)
 

@@ -49,6 +49,7 @@ class Info(BaseModel):
     max_prefill_tokens: int
     max_new_tokens_cap: int
     max_prompt_chars: int
+    max_prompt_tokens: int
     request_timeout_s: float
     default_eos_bias: float
     auth: bool

@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from models.gpt import GPT
+from server.config import default
 from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
 from server.runners.decoder.step import DecodeStep
 
@@ -48,7 +49,9 @@ def fit_context(model: GPT, rows: int, budget_bytes: int) -> int:
 
 
 class GPTRunner:
-    def __init__(self, model: GPT, tokenizer: Tokenizer | None, max_rows: int = 32, family: str = "gpt") -> None:
+    def __init__(
+        self, model: GPT, tokenizer: Tokenizer | None, max_rows: int = default("max_batch_size"), family: str = "gpt"
+    ) -> None:
         c = model.config
         self.model = model.eval()
         self.tokenizer = TokenizersCodec(tokenizer) if tokenizer is not None else None
@@ -65,7 +68,9 @@ class GPTRunner:
         )
         self.device = next(model.parameters()).device
         self.step = DecodeStep(model, max_rows)
-        self.facts = replace(self.facts, kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()))
+        self.facts = replace(
+            self.facts, kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()), slots=max_rows
+        )
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Right-padded prompts (B, T) in one pass, written straight into their (consecutive) slots.
