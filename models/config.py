@@ -32,7 +32,7 @@ class GPTConfig:
     attn_dropout: float = option(0.0, "dropout on attention probabilities (costly on CPU)")
     tie_weights: bool = option(True, "share the token embedding with the LM head")
     bias: bool = option(True, "biases in linear layers and LayerNorms")
-    softmax: Literal["softmax0", "softmax1"] = option("softmax0", "attention normaliser (training/softmax.py)")
+    softmax: Literal["softmax0", "softmax1"] = option("softmax0", "attention normaliser (models/softmax.py)")
     eos_token_id: int = option(0, None)  # set from the tokenizer
     # attention variants (the defaults are the standard transformer)
     score: Score = option("dot", "q.k / sqrt(D), or additive w2 . tanh(W1 [q; k]) (Bahdanau)")

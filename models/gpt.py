@@ -354,7 +354,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, params: SamplingParams) -> torch.Tensor:  # (1, T) -> (1, N)
-        """Sample one continuation with the serving engine's sampler (training/sampling.py).
+        """Sample one continuation with the serving engine's sampler (models/sampling.py).
 
         Same prompt, params and seed give the same tokens as the server. The prompt is cut to the last
         context_length tokens; generation stops at the context limit or at the end-of-text token.

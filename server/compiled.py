@@ -7,9 +7,8 @@ the compiler fills its `compiled` dict.
 
 On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
 layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step against 4.0 ms with
-the weights as graph inputs). Freezing is set in inductor's config around the first call; passed as
-torch.compile(options=...) it never took effect, so the figures of docs/BENCHMARKS.md before
-session 13 labelled "freezing" are of unfrozen graphs. On CUDA the same step is compiled with
+the weights as graph inputs). Freezing is set in inductor's config around the first call (passed as
+torch.compile(options=...) it never takes effect). On CUDA the same step is compiled with
 inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
 (server/runners/decoder/cuda_graphs.py).
 
@@ -209,7 +208,7 @@ def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tens
 # idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
 # compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
 # thread's worker fell asleep between two ops and every op paid its wake-up: an eager decode step took
-# twice its time while the server compiled (docs/BENCHMARKS.md, session 18). So inductor compiles on one
+# twice its time while the server compiled. So inductor compiles on one
 # thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
 # ends with the bucket's build: libgomp frees a thread's team when the thread ends.
 
@@ -269,7 +268,7 @@ def settle_garbage() -> None:
     """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
     collections. Python's full collections traverse every tracked object and run on whichever thread
     allocates, the compute thread too: while the store compiled they grew from 40 to over 800 ms a pass,
-    and a completion waited out one (0.78 s, docs/BENCHMARKS.md session 19). This one runs on the compiling
+    and a completion waited out one (0.78 s). This one runs on the compiling
     thread, which waits for running requests first (YieldToRequests)."""
     gc.collect()
     gc.freeze()

@@ -4,7 +4,7 @@ oneDNN on the CPU (bf16 where oneDNN computes it; float32 without AVX-512).
 Until a row bucket's compiled step is ready (a minute or more after start-up), its requests run the
 eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call: the one-row
 step of gpt-wikitext2 took 5.2 ms against 4.1 ms with prepacked layers on the idle machine, 11.8
-against 5.8 ms with the machine busy, as it is while compiling (docs/BENCHMARKS.md, session 15).
+against 5.8 ms with the machine busy, as it is while compiling.
 Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy of the model
 that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
 aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
