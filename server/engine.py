@@ -1,10 +1,15 @@
 """Continuous-batching text generation for any causal LM behind the runner seam (server/runners/).
 
-The compute thread (server/compute.py) drives the engine. Between two decode steps it admits
-waiting requests (prefill, then join the running batch) and drops finished, cancelled or timed-out
-ones, so requests join and leave the batch independently. Running request i owns the runner's slot
-i; a finished request's slot is refilled by moving the last one into it, so a step always covers
-slots 0..n-1 (for our GPT, a fixed-shape step that can be compiled).
+The compute thread (server/compute.py) drives the engine, one step per call, each in the order a
+reader expects (vLLM's schedule -> execute -> update):
+1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
+2. run: decode the running rows' last tokens (one step for all), prefill the admitted prompts;
+3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
+   sampler call);
+4. output: the token events and text, and which rows are now finished.
+Requests join and leave the batch independently. Running request i owns the runner's slot i; a retired
+request's slot is refilled by moving the last one into it, so a step always covers slots 0..n-1 (for
+our GPT, a fixed-shape step that can be compiled).
 
 Results go back through a per-request callback (`sink`), which the HTTP layer points at an asyncio
 queue and synchronous callers at a plain queue.
@@ -95,15 +100,15 @@ class _Row:
 
     def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int, tokenizer) -> None:
         self.req = req
-        self.logits: torch.Tensor | None = logits  # (V,) raw logits for the next token, for the batch sampler
-        self.next_token: int | None = None  # or the next token, already chosen by the decode step (greedy rows)
-        self.generated: list[int] = []
+        self.logits: torch.Tensor | None = logits  # (V,) raw logits of this step, for the batch sampler
+        self.draw: Draw | None = None  # or this step's token, chosen (greedy rows: by the decode step)
+        self.generated: list[int] = []  # the last one is not in the cache yet: the next run decodes it
         self.length = len(req.prompt_ids)  # real tokens in the cache
         self.max_new = max_new
         self.detokenizer = Detokenizer(tokenizer, req.params.stop)
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
-        self.draw: Draw | None = None  # the batch sampler's choice, with the logprobs it reports
+        self.finished = False  # its finish event is out: the next schedule retires it
 
 
 @dataclass
@@ -194,30 +199,82 @@ class GenerationEngine:
         return bool(self._waiting or self._rows)
 
     def run_once(self) -> None:
-        """Admit what fits in the batch, then one decode step; an error fails the batch, not the engine."""
-        with self._lock:
-            admitted = []
-            while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
-                admitted.append(self._waiting.popleft())
-            self.stats.queued = len(self._waiting)
-        with torch.inference_mode():
-            self._admit(admitted)
+        """One engine step: schedule, run, sample, output. An error fails the batch, not the engine."""
+        admitted: list[GenerationRequest] = []
+        with torch.inference_mode():  # as the cache was made: a slot's move writes to it too
             try:
-                self._step()
+                admitted = self._schedule()
+                self._run(admitted)
+                self._sample()
             except Exception as e:  # e.g. out of memory: fail the batch, keep serving
+                message = f"{type(e).__name__}: {e}"
                 for row in self._rows:
-                    self._finish(row, "error", f"{type(e).__name__}: {e}")
+                    if not row.finished:
+                        self._finish(row, "error", message)
+                placed = {id(row.req) for row in self._rows}
+                for req in admitted:  # taken from the queue, not prefilled yet
+                    if id(req) not in placed:
+                        self._emit(req, FinishEvent("error", "", 0, len(req.prompt_ids), message))
                 self._rows = []
+                self.stats.running = 0
+                return
+            self._output()
 
     def cancel_all(self, message: str) -> None:
         """Finish every running and waiting request as cancelled (shutdown)."""
         for row in self._rows:
-            self._finish(row, "cancelled", message)
+            if not row.finished:
+                self._finish(row, "cancelled", message)
         self._rows = []
         with self._lock:
             waiting, self._waiting = list(self._waiting), collections.deque()
         for req in waiting:
             self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), message))
+
+    # -- 1. schedule --------------------------------------------------------------------------
+
+    def _schedule(self) -> list[GenerationRequest]:
+        """Retire finished, cancelled and timed-out rows (their slots refilled), then take the waiting
+        requests that fit in the batch."""
+        kept = [row for row in self._rows if not row.finished and self._wanted(row)]
+        if len(kept) < len(self._rows):
+            self._compact(kept)
+        self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
+        with self._lock:
+            admitted = []
+            while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
+                admitted.append(self._waiting.popleft())
+            self.stats.queued = len(self._waiting)
+        live = []
+        for req in admitted:
+            if req.cancelled.is_set():
+                self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+            else:
+                live.append(req)
+        return live
+
+    # -- 2. run --------------------------------------------------------------------------------
+
+    def _run(self, admitted: list[GenerationRequest]) -> None:
+        """Decode the running rows' last tokens in one step, then prefill the admitted prompts into the
+        slots after them (each new row leaves with the logits of its first token)."""
+        running = self._rows
+        if running:
+            out = self.runner.decode(
+                [row.generated[-1] for row in running],
+                [row.length for row in running],
+                [row.sampling.eos_logit_bias() if row.req.params.greedy else 0.0 for row in running],
+            )
+            sampled = [i for i, row in enumerate(running) if not row.req.params.greedy]
+            copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
+            for row, token, logprob in zip(running, out.greedy, out.logprobs, strict=True):
+                row.length += 1
+                if row.req.params.greedy:
+                    row.draw = Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)
+            for j, i in enumerate(sampled):
+                running[i].logits = copies[j]
+            self.stats.decode_steps += 1
+        self._admit(admitted)
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
         """Prefill the new prompts together, a few at a time, each into a free slot of the cache.
@@ -226,20 +283,15 @@ class GenerationEngine:
         max_prefill_tokens: one forward pass per group instead of one per request (time to first
         token under load), without one long prompt padding many short ones.
         """
-        live = []
-        for req in reqs:
-            if req.cancelled.is_set():
-                self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
-            else:
-                live.append(req)
         group: list[GenerationRequest] = []
-        for req in sorted(live, key=lambda r: len(r.prompt_ids)):
+        for req in sorted(reqs, key=lambda r: len(r.prompt_ids)):
             if group and (len(group) + 1) * len(req.prompt_ids) > self.max_prefill_tokens:
                 self._prefill(group)
                 group = []
             group.append(req)
         if group:
             self._prefill(group)
+        self.stats.running = len(self._rows)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
         """The prompts into the next free slots, in one call to the runner."""
@@ -258,42 +310,24 @@ class GenerationEngine:
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
             self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
 
-    def _step(self) -> None:
-        """Take every row's next token (chosen by the last decode step for greedy rows, by one batch
-        sampler call for the others), retire finished rows, run one decode step."""
-        if not self._rows:
-            return
-        live = [row for row in self._rows if self._wanted(row)]
-        pending = [row for row in live if row.next_token is None]
+    # -- 3. sample -----------------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        """Every row whose token the decode step did not choose: one call of the batch sampler."""
+        pending = [row for row in self._rows if row.logits is not None]
         if pending:
-            logits = torch.stack([r.logits for r in pending])
+            logits = torch.stack([row.logits for row in pending])
             for row, draw in zip(pending, sample(logits, [r.sampling for r in pending], self.eos_id), strict=True):
-                row.next_token, row.draw, row.logits = draw.token, draw, None
-        kept = [row for row in live if self._advance(row)]
-        if len(kept) < len(self._rows):
-            self._compact(kept)
-            self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
-            if not self._rows:
-                return
-        rows = self._rows
-        out = self.runner.decode(
-            [row.generated[-1] for row in rows],
-            [row.length for row in rows],
-            [row.sampling.eos_logit_bias() if row.req.params.greedy else 0.0 for row in rows],
-        )
-        sampled = [i for i, row in enumerate(rows) if not row.req.params.greedy]
-        copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
-        for row, token, logprob in zip(rows, out.greedy, out.logprobs, strict=True):
-            row.length += 1
-            if row.req.params.greedy:
-                row.next_token = token
-                row.draw = Draw(token, reported_logprob(logprob)) if row.req.params.logprobs else None
-            else:
-                row.next_token = None
-        for j, i in enumerate(sampled):
-            rows[i].logits = copies[j]
-        self.stats.decode_steps += 1
-        self.stats.running = len(rows)
+                row.draw, row.logits = draw, None
+
+    # -- 4. output -----------------------------------------------------------------------------
+
+    def _output(self) -> None:
+        """Each row's token as an event with its text; a row that ends here sends its finish event."""
+        for row in self._rows:
+            draw, row.draw = row.draw, None
+            if draw is not None:
+                row.finished = not self._advance(row, draw)
 
     def _compact(self, kept: list[_Row]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
@@ -321,10 +355,9 @@ class GenerationEngine:
             return False
         return True
 
-    def _advance(self, row: _Row) -> bool:
+    def _advance(self, row: _Row, draw: Draw) -> bool:
         """Report the row's next token; False when the row is finished."""
         req, p = row.req, row.req.params
-        draw, row.draw = row.draw or Draw(row.next_token), None
         token, logprob = draw.token, draw.logprob
         alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in draw.top)
         token_text = self.tokenizer.decode([token]) if p.logprobs else ""
