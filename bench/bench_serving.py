@@ -1,6 +1,6 @@
 """Serving benchmarks, as ratios against a peer measured in the same run.
 
-    .venv/bin/python bench/bench_serving.py [--model gpt-wikitext2] [--rounds 5] [--out docs/BENCHMARKS.md]
+    .venv/bin/python bench/bench_serving.py [--model gpt-wikitext2] [--rounds 5] [--out results.md]
 
 1. single-stream decode tokens/s: our engine vs transformers' generate() on a GPT-2 of the same size
 2. aggregate tokens/s with 1/4/16/32 concurrent HTTP streams (and the engine in process, no HTTP) vs
@@ -329,7 +329,7 @@ def fmt_ratio(r: tuple[float, float, float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt-wikitext2", help="GPT checkpoint id in the model store")
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS.md"))
+    parser.add_argument("--out", default=None, help="also write the table here (it is always printed)")
     parser.add_argument("--streams", default="1,32", help="concurrent streams to measure")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per measurement")
     parser.add_argument("--mixed-requests", type=int, default=96, help="requests in the mixed workload")
@@ -478,7 +478,8 @@ def main() -> None:
         f"Measured by `python bench/bench_serving.py --rounds {args.rounds}` on {machine}, model `{args.model}` "
         f"({info['params']:,} parameters, served in {dtype}; compiled buckets {info['compiled']}).\n\n{table}\n"
     )
-    Path(args.out).write_text(text)
+    if args.out:
+        Path(args.out).write_text(text)
     print(text)
 
 

@@ -116,7 +116,7 @@ def own_code(fn: Callable, name: str) -> Callable:
 
 class GraphCapture:
     """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
-    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.17 ms of a 1.2 ms
+    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.16 ms of a 1.20 ms
     one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). That needs a graph whose inputs are
     the function's arguments alone, as a frozen CPU graph's are (its weights are constants); where the
     weights are inputs too (CUDA, unfrozen) the function is called through dynamo. Like vLLM's compile

@@ -37,8 +37,8 @@ class Placement:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: half precision where the hardware computes it natively. A decode step reads every weight
-    for one token, so bytes are time: bf16 ran the compiled step 3x faster than float32 on an
-    AVX512-BF16 CPU, with the same test perplexity (docs/BENCHMARKS.md). Without native bf16, a compiled
+    for one token, so bytes are time: bf16 ran one stream 2.3x faster than float32 on an AVX512-BF16
+    CPU (580 against 252 tok/s), with the same test perplexity (docs/BENCHMARKS.md). Without native bf16, a compiled
     bf16 step of 32 rows took 1.9x float32's on an AVX2 EPYC (faster at one row: half the bytes)."""
     if name == "auto":
         if device.type == "cuda":
