@@ -15,8 +15,8 @@ from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
 from server.config import Settings, default
-from server.engine import FinishEvent
 from server.errors import APIError
+from server.events import FinishEvent
 from server.inspection import attention, attention_png, fill_mask
 from server.registry import ModelRegistry
 from server.schemas.generation import GenerateParameters

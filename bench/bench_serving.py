@@ -48,7 +48,7 @@ from models.device import resolve_device  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from scripts.processes import http_server, wait_compiled  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.engine import FinishEvent  # noqa: E402
+from server.events import FinishEvent  # noqa: E402
 from server.registry import ModelRegistry, ServedModel  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"

@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.bench_families import readable_by_converter, to_gguf  # noqa: E402
-from model_store.gguf_files import export_gguf, import_gguf  # noqa: E402
+from model_store.gguf_files import export_gguf  # noqa: E402
+from model_store.gguf_import import import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.engine import GenerationEngine  # noqa: E402

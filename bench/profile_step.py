@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.engine import FinishEvent  # noqa: E402
+from server.events import FinishEvent  # noqa: E402
 from server.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"

@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from model_store.families import FAMILIES
-from model_store.gguf_files import GGUFError, import_gguf, is_gguf
+from model_store.gguf_files import GGUFError
+from model_store.gguf_import import import_gguf, is_gguf
 from model_store.store import (
     MANIFEST,
     PICKLE_SUFFIXES,

@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 from models.sampling import SamplingParams
 from server.config import Settings
-from server.engine import Event, FinishEvent, QueueFullError, TokenEvent
+from server.engine import QueueFullError
 from server.errors import APIError
+from server.events import Event, FinishEvent, TokenEvent
 from server.registry import ModelLoadingError, ModelRegistry, ServedModel, UnknownModelError
 
 RETRY_AFTER_S = "1"

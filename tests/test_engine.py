@@ -7,7 +7,8 @@ import pytest
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.detokenizer import Detokenizer
-from server.engine import FinishEvent, GenerationEngine, QueueFullError
+from server.engine import GenerationEngine, QueueFullError
+from server.events import FinishEvent
 from server.runners.decoder.runner import GPTRunner
 from tests.conftest import tiny_gpt
 

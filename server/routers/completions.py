@@ -13,8 +13,8 @@ from fastapi import APIRouter, Request
 
 from server.compute import ComputeThread
 from server.dependencies import AppSettings, Registry
-from server.engine import FinishEvent, TokenEvent
 from server.errors import APIError, openai_error_body
+from server.events import FinishEvent, TokenEvent
 from server.registry import ServedModel
 from server.routers.sse import sse_response
 from server.runners import token_logprobs

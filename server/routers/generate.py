@@ -10,8 +10,8 @@ from sse_starlette import EventSourceResponse
 
 from server.config import Settings
 from server.dependencies import AppSettings, Registry
-from server.engine import TokenEvent
 from server.errors import APIError, error_body
+from server.events import TokenEvent
 from server.registry import ModelRegistry
 from server.routers.sse import sse_response
 from server.schemas.generation import (
