@@ -54,6 +54,22 @@ class RunnerFacts:
     slots: int = 1  # sequences it keeps at once: the engine's batch is at most this
 
 
+def right_padded(
+    slots: list[int], prompts: list[list[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill group as one batch: ids (B, T) right-padded with `pad`, positions (B, T) and each row's
+    last index (B,). Its slots must be consecutive (the batch writes slots[0]..slots[0]+B-1)."""
+    if slots != list(range(slots[0], slots[0] + len(slots))):
+        raise ValueError(f"prefill slots must be consecutive, got {slots}")
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+    positions = torch.arange(T, device=device).expand(len(prompts), T)
+    last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+    return ids.to(device), positions, last
+
+
 @dataclass
 class StepOutput:
     """A decode step's result for n rows: each row's greedy next token (its EOS bias applied) and that

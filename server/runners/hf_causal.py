@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.config import default
-from server.runners.base import PROBE, RunnerFacts, StepOutput, start_tokens
+from server.runners.base import PROBE, RunnerFacts, StepOutput, right_padded, start_tokens
 
 log = logging.getLogger("tinyserve")
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
@@ -169,21 +169,13 @@ class HFCausalLMRunner:
         """Right-padded prompts (B, T) in one pass into their consecutive slots; a row's padding lands past
         its prompt, where its decode steps write (causal attention alone: a padding mask would leave the
         padded queries with no key, and NaN in the columns they write)."""
-        if slots != list(range(slots[0], slots[0] + len(slots))):
-            raise ValueError(f"prefill slots must be consecutive, got {slots}")
-        lengths = [len(p) for p in prompts]
-        T = max(lengths)
-        ids = torch.full((len(prompts), T), self.facts.eos_id, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-        positions = torch.arange(T, device=self.device).expand(len(prompts), T)
+        ids, positions, last = right_padded(slots, prompts, self.facts.eos_id, self.device)
         out = self.model(
-            input_ids=ids.to(self.device),
+            input_ids=ids,
             position_ids=positions,
-            past_key_values=self.cache.at(slots[0], positions, T),
+            past_key_values=self.cache.at(slots[0], positions, ids.shape[1]),
             use_cache=True,
         )
-        last = torch.tensor(lengths, device=self.device) - 1
         return out.logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
 
     def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
