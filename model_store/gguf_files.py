@@ -75,10 +75,11 @@ def gguf_architecture(c: GPTConfig) -> str:
     odd = [f"{k}={getattr(c, k)!r}" for k, v in STANDARD.items() if getattr(c, k) != v]
     if odd:
         raise GGUFError("llama.cpp has no equivalent of " + ", ".join(odd))
-    if c.norm == "rmsnorm" and c.mlp == "swiglu" and c.positions == "rope":
-        if c.qk_norm:
+    if c.norm == "rmsnorm" and c.mlp == "swiglu" and c.positions == "rope" and not c.parallel_residual:
+        if c.qk_norm and not c.has_bias("qkv"):
             return "qwen3"
-        return "qwen2" if c.has_bias("qkv") and not c.has_bias("out") else "llama"
+        if not c.qk_norm:
+            return "qwen2" if c.has_bias("qkv") and not c.has_bias("out") else "llama"
     if c.norm == "layernorm" and c.mlp in ("gelu", "gelu_tanh") and not c.qk_norm and c.kv_heads == c.n_head:
         if c.positions == "learned" and not c.parallel_residual and c.bias:
             return "gpt2"
@@ -121,15 +122,21 @@ def export_gguf(folder: Path, out: Path, out_type: str = "f32") -> Path:
     vocab = byte_level_vocabulary(folder, c.vocab_size, c.eos_token_id)
     part = out.with_name(out.name + ".part")  # a failed export leaves no file llama.cpp would half-read
     writer = gguf.GGUFWriter(str(part), arch_name)
-    writer.add_name(folder.name)
-    writer.add_file_type(getattr(gguf.LlamaFileType, "ALL_F32" if out_type == "f32" else f"MOSTLY_{out_type.upper()}"))
-    write_hyperparameters(writer, c, arch_name)
-    vocab(writer)
-    for name, tensor in gguf_tensors(model, arch).items():
-        write_tensor(writer, name, tensor, out_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    try:
+        writer.add_name(folder.name)
+        file_type = "ALL_F32" if out_type == "f32" else f"MOSTLY_{out_type.upper()}"
+        writer.add_file_type(getattr(gguf.LlamaFileType, file_type))
+        write_hyperparameters(writer, c, arch_name)
+        vocab(writer)
+        for name, tensor in gguf_tensors(model, arch).items():
+            write_tensor(writer, name, tensor, out_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    except BaseException:
+        writer.close()
+        part.unlink(missing_ok=True)
+        raise
     writer.close()
     return part.replace(out)
 
@@ -178,13 +185,16 @@ def gguf_tensors(model: GPT, arch: Arch) -> dict[str, torch.Tensor]:
         out["rope_freqs.weight"] = plain / inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling)
     order = pair_order(c.head_dim, c.rotated_channels, arch.rope_pairs) if arch.rope_pairs else None
     sizes = qkv_sizes(c)
+    reordered = order is not None and c.rope_pairs != arch.rope_pairs
     for i in range(c.n_layer):
         ours, theirs = f"blocks.{i}.", f"blk.{i}."
         for k, v in sd.items():
             if not k.startswith(ours):
                 continue
             name, kind = k[len(ours) :].rsplit(".", 1)
-            if name in BLOCK_TENSORS:
+            if name in ("attn.q_norm", "attn.k_norm") and reordered:  # per channel, before the rotation
+                out[f"{theirs}{BLOCK_TENSORS[name]}.{kind}"] = v[order]
+            elif name in BLOCK_TENSORS:
                 out[f"{theirs}{BLOCK_TENSORS[name]}.{kind}"] = v
             elif name == "mlp.fc" and c.mlp == "swiglu":  # ours is cat(gate, up)
                 out[f"{theirs}ffn_gate.{kind}"], out[f"{theirs}ffn_up.{kind}"] = v.chunk(2)
@@ -192,7 +202,7 @@ def gguf_tensors(model: GPT, arch: Arch) -> dict[str, torch.Tensor]:
                 out[f"{theirs}ffn_up.{kind}"] = v
             elif name == "attn.qkv":
                 q, k_, v_ = v.split(sizes)
-                if order is not None and c.rope_pairs != arch.rope_pairs:
+                if reordered:
                     q, k_ = reorder_heads(q, c.n_head, order), reorder_heads(k_, c.kv_heads, order)
                 if arch.fused_qkv:
                     out[f"{theirs}attn_qkv.{kind}"] = torch.cat([q, k_, v_])
@@ -220,10 +230,6 @@ def write_tensor(writer, name: str, tensor: torch.Tensor, out_type: str) -> None
         writer.add_tensor(name, data.astype(np.float16))
     else:
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-
-# the pre-tokenizers llama.cpp knows by name, by their tokenizer.json form
-GPT2_PRE = {"type": "ByteLevel", "use_regex": True}
 
 
 def pre_tokenizer_name(tokenizer_json: dict) -> str:

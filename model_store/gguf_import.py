@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model_store.gguf_files import ARCHES, BLOCK_TENSORS, TOP_TENSORS, Arch, GGUFError
+from model_store.gguf_files import ARCHES, BLOCK_TENSORS, GGUF_TYPES, TOP_TENSORS, Arch, GGUFError
 from model_store.store import write_checkpoint
 from models.gpt import GPT, GPTConfig
 
-READ_TYPES = ("F32", "F16", "BF16", "Q8_0")  # the tensor types `tinyserve store add` reads
+READ_TYPES = tuple(t.upper() for t in GGUF_TYPES.values())  # the tensor types it reads: those we write
 
 
 def import_gguf(file: Path, out: Path) -> Path:
@@ -33,8 +33,7 @@ def import_gguf(file: Path, out: Path) -> Path:
     tensors = {t.name: t for t in reader.tensors}
     tokenizer, tokenizer_config = gguf_tokenizer(file)
     config = gguf_config(fields, tensors, ARCHES[arch_name], tokenizer)
-    model = GPT(config)
-    model.load_state_dict(decoder_tensors(tensors, config, ARCHES[arch_name]), strict=False)
+    model = GPT.from_state(config, decoder_tensors(tensors, config, ARCHES[arch_name]))
     types = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     dtype = torch.float32 if types & {"F32", "Q8_0"} else (torch.bfloat16 if "BF16" in types else torch.float16)
     source = f"`{file.name}` ({arch_name}, {'/'.join(sorted(types))})"
@@ -127,7 +126,9 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: Arch) -> dict[str, torch.
             qkv = ["attn_qkv"] if arch.fused_qkv else ["attn_q", "attn_k", "attn_v"]
             if f"{theirs}{qkv[0]}.{kind}" in tensors:
                 out[f"{ours}attn.qkv.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in qkv])
-    missing = [k for k in GPT(c).state_dict() if k not in out and not (c.tie_weights and k == "lm_head.weight")]
+    with torch.device("meta"):
+        names = GPT(c).state_dict()
+    missing = [k for k in names if k not in out and not (c.tie_weights and k == "lm_head.weight")]
     if missing:
         raise GGUFError(f"tensors for {missing[:4]} are missing from the file")
     return out

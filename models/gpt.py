@@ -267,13 +267,12 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @classmethod
-    def from_state(cls, config: GPTConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> GPT:
-        """The model with a checkpoint's tensors as its parameters (cast to dtype): built on the meta device,
-        so nothing is initialised at random or held twice. A tensor the state lacks stays on meta."""
+    def from_state(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+        """The model with a checkpoint's tensors as its parameters: built on the meta device, so nothing is
+        initialised at random or held twice. A tensor the state lacks stays on meta."""
         with torch.device("meta"):
             model = cls(config)
-        cast = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in state.items()}
-        model.load_state_dict(cast, strict=False, assign=True)
+        model.load_state_dict(state, strict=False, assign=True)
         if config.tie_weights:  # assigning tok_emb's tensor untied it
             model.lm_head.weight = model.tok_emb.weight
         if config.positions == "sinusoidal":

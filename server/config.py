@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     kv_cache_mb: int = Field(
         1024,
         ge=1,
-        description="memory of one model's static KV cache (our decoder): max_batch_size slots of the served "
+        description="memory of one model's static KV cache (every runner's): max_batch_size slots of the served "
         "context; where they do not fit, each slot's context is cut to fit, as llama.cpp splits its context "
         "over its slots (start-up log and /info give the result)",
     )

@@ -96,6 +96,8 @@ class GenerationEngine:
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
+        if slots < 1:
+            raise ValueError(f"{type(runner).__name__} reports no slots (RunnerFacts.slots)")
         max_batch_size = slots if max_batch_size is None else max_batch_size
         if max_batch_size > slots:
             raise ValueError(f"max_batch_size {max_batch_size} > the runner's {slots} slots")
@@ -171,6 +173,7 @@ class GenerationEngine:
                 admitted = self._schedule()
                 self._run(admitted)
                 self._sample()
+                self._output()
             except Exception as e:  # e.g. out of memory: fail the batch, keep serving
                 message = f"{type(e).__name__}: {e}"
                 for row in self._rows:
@@ -182,8 +185,6 @@ class GenerationEngine:
                         self._emit(req, FinishEvent("error", "", 0, len(req.prompt_ids), message))
                 self._rows = []
                 self.stats.running = 0
-                return
-            self._output()
 
     def cancel_all(self, message: str) -> None:
         """Finish every running and waiting request as cancelled (shutdown)."""
@@ -292,7 +293,7 @@ class GenerationEngine:
         for row in self._rows:
             draw, row.draw = row.draw, None
             if draw is not None:
-                row.finished = not self._advance(row, draw)
+                self._advance(row, draw)
 
     def _compact(self, kept: list[_Row]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
@@ -320,8 +321,8 @@ class GenerationEngine:
             return False
         return True
 
-    def _advance(self, row: _Row, draw: Draw) -> bool:
-        """Report the row's next token; False when the row is finished."""
+    def _advance(self, row: _Row, draw: Draw) -> None:
+        """Report the row's next token, and its finish when the token ends it."""
         req, p = row.req, row.req.params
         token, logprob = draw.token, draw.logprob
         alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in draw.top)
@@ -330,7 +331,7 @@ class GenerationEngine:
         if token == self.eos_id:
             self._emit(req, TokenEvent(token, "", token_text, True, logprob, alternatives, last=True))
             self._finish(row, "eos_token")
-            return False
+            return
         row.generated.append(token)
         row.sampling.seen.append(token)
         row.sampling.generated += 1
@@ -338,10 +339,8 @@ class GenerationEngine:
         at_length = len(row.generated) >= row.max_new
         last = stopped or at_length
         self._emit(req, TokenEvent(token, released, token_text, False, logprob, alternatives, last=last))
-        if stopped or at_length:
+        if last:
             self._finish(row, "stop_sequence" if stopped else "length")
-            return False
-        return True
 
     @staticmethod
     def _emit(req: GenerationRequest, event: Event) -> None:
@@ -352,6 +351,7 @@ class GenerationEngine:
             req.cancel()
 
     def _finish(self, row: _Row, reason: str, message: str = "") -> None:
+        row.finished = True
         tail = ""
         if reason != "stop_sequence":  # release what was held back: undecoded bytes, stop-sequence prefixes
             tail, stopped = row.detokenizer.finish()

@@ -113,6 +113,31 @@ def test_our_gpt_leaves_and_comes_back_through_gguf(tmp_path, tiny_tokenizer):
     torch.testing.assert_close(logits(back, ids), logits(ours, ids), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "overrides, arch",
+    [(dict(norm="rmsnorm", mlp="swiglu", qk_norm=True, bias=False), "qwen3"),
+     (dict(norm="rmsnorm", mlp="swiglu", n_kv_head=2, bias=False), "llama")],
+    ids=["qk-norm", "gqa"],
+)  # fmt: skip
+def test_our_decoders_options_leave_as_the_llama_cpp_architecture_that_computes_them(
+    tmp_path, tiny_tokenizer, overrides, arch
+):
+    """Interleaved rotary pairs written as qwen3's halves reorder the QK-norm weights with the rows."""
+    from model_store.store import write_checkpoint
+    from tests.conftest import tiny_gpt
+
+    ours = tiny_gpt(seed=5, vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer),
+                    context_length=64, positions="rope", **overrides)  # fmt: skip
+    with torch.no_grad():  # norms that are not all ones, so a misplaced channel shows
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.3) if p.dim() == 1 else p.mul_(3.0)
+    write_checkpoint(tmp_path / "ours", ours, tiny_tokenizer, card="# ours\n", metrics={}, dtype=torch.float32)
+    assert gguf_architecture(ours.config) == arch
+    back, _ = load_gpt(add_checkpoint(export_gguf(tmp_path / "ours", tmp_path / "o.gguf"), "o", tmp_path / "store"))
+    ids = tiny_tokenizer.encode(TEXT).ids
+    torch.testing.assert_close(logits(back, ids), logits(ours, ids), rtol=0, atol=1e-4)
+
+
 def test_the_shipped_gpt_comes_back_from_gguf_with_its_greedy_tokens(tmp_path):
     from models.sampling import SamplingParams
 

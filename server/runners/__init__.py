@@ -36,35 +36,41 @@ def load_runner(
     from models.quantize import quantize_int8
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
+    budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
     if architecture == "gpt":  # our decoder: ours, or a family model_store/families.py maps onto it
         from server.runners.decoder.runner import GPTRunner, fit_context
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)
         family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
-        if kv_cache_mb is not None:
-            try:
-                context = fit_context(model, max_rows, kv_cache_mb * 2**20)
-            except ValueError as e:
-                raise CheckpointError(folder, str(e)) from None
-            if context < model.config.context_length:
-                log.warning(
-                    "%s: %d positions a slot (of %d): %d slots fill kv_cache_mb=%d",
-                    folder.name, context, model.config.context_length, max_rows, kv_cache_mb,
-                )  # fmt: skip
-                model.config = replace(model.config, context_length=context)
-        return GPTRunner(quantize(model), tokenizer, max_rows, family)
+        full = model.config.context_length
+        try:
+            model.config = replace(model.config, context_length=fit_context(model, max_rows, budget))
+        except ValueError as e:
+            raise CheckpointError(folder, str(e)) from None
+        runner = GPTRunner(quantize(model), tokenizer, max_rows, family)
+        return cut_context_logged(runner, folder, full, kv_cache_mb)
     if architecture == "causal-lm":
-        from server.runners.hf_causal import HFCausalLMRunner
+        from server.runners.hf_causal import HFCausalLMRunner, served_context
 
         log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
         try:
-            budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
-            return HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
+            runner = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
         except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint
             raise CheckpointError(folder / "config.json", str(e)) from None
+        return cut_context_logged(runner, folder, served_context(model.config, max_context), kv_cache_mb)
     raise CheckpointError(folder / "config.json", f"no runner for architecture {architecture!r}")
+
+
+def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None):
+    """The runner, after one start-up line where kv_cache_mb cut its slots' context."""
+    if runner.facts.context_length < full:
+        log.warning(
+            "%s: %d positions a slot (of %d): %d slots fill kv_cache_mb=%d",
+            folder.name, runner.facts.context_length, full, runner.facts.slots, kv_cache_mb,
+        )  # fmt: skip
+    return runner
 
 
 __all__ = [

@@ -3,8 +3,9 @@ model, whatever its family (our GPT, a transformers causal LM). A new family is 
 methods, registered in server/runners/__init__.py (docs/ADDING_A_MODEL_FAMILY.md).
 
 Slots: the engine keeps up to `max_rows` running sequences; sequence i of a decode step lives in slot
-i. A runner stores each slot's keys and values its own way (our GPT: a static cache of slots; a
-transformers model: a cache per slot) and the engine only names slots.
+i. A runner stores each slot's keys and values in static buffers (our decoder: its `StaticKVCache`; a
+transformers model: `SlotCache`), says how many slots it has (`facts.slots`), and the engine only names
+slots.
 """
 
 from __future__ import annotations
@@ -51,7 +52,20 @@ class RunnerFacts:
     attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
     kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
-    slots: int = 1  # sequences it keeps at once: the engine's batch is at most this
+    slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
+
+
+def context_within(per_position: int, rows: int, context: int, budget_bytes: int | None, spare: int = 0) -> int:
+    """The positions each of `rows` slots keeps so that rows x (positions + spare) x per_position bytes of
+    keys and values fit the KV budget (kv_cache_mb): the context, or less (a multiple of 16), as llama.cpp
+    splits its context over its slots; ValueError below 16."""
+    if budget_bytes is None or rows * (context + spare) * per_position <= budget_bytes:
+        return context
+    fits = (budget_bytes // (rows * per_position) - spare) // 16 * 16
+    if fits < 16:
+        need = -(-rows * (16 + spare) * per_position // 2**20)
+        raise ValueError(f"kv_cache_mb: {rows} slots of 16 positions need {need} MB ({per_position} bytes a position)")
+    return fits
 
 
 def right_padded(

@@ -9,16 +9,13 @@ the shorter rows' later columns masked. Nothing is copied between steps.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.config import default
-from server.runners.base import PROBE, RunnerFacts, StepOutput, right_padded, start_tokens
+from server.runners.base import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
 
-log = logging.getLogger("tinyserve")
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
 
@@ -143,12 +140,7 @@ class HFCausalLMRunner:
         self.device = next(model.parameters()).device
         context = served_context(c, max_context)
         per_position = bytes_per_position(c, next(model.parameters()).dtype)
-        if kv_cache_bytes is not None and max_rows * context * per_position > kv_cache_bytes:
-            fits = kv_cache_bytes // (max_rows * per_position) // 16 * 16
-            if fits < 16:
-                raise ValueError(f"kv_cache_mb: {max_rows} slots of 16 positions need more than {kv_cache_bytes} bytes")
-            log.warning("%s: %d positions a slot (of %d) fill the KV cache budget", type(model).__name__, fits, context)
-            context = fits
+        context = context_within(per_position, max_rows, context, kv_cache_bytes)
         architecture = type(model).__name__
         self.facts = RunnerFacts(
             family=architecture,

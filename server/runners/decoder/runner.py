@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from models.gpt import GPT
 from server.config import default
-from server.runners.base import PROBE, RunnerFacts, StepOutput, right_padded, start_tokens
+from server.runners.base import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
 from server.runners.decoder.step import DecodeStep
 
 
@@ -32,20 +32,12 @@ class TokenizersCodec:
         return self.tokenizer.decode(ids)
 
 
-def fit_context(model: GPT, rows: int, budget_bytes: int) -> int:
-    """The positions each of `rows` slots keeps so that the decode step's KV cache (with its one spare
-    column) stays within budget_bytes: the model's context, or less (a multiple of 16) where that does
-    not fit; ValueError below 16."""
+def fit_context(model: GPT, rows: int, budget_bytes: int | None) -> int:
+    """The positions each of `rows` slots keeps within the KV budget (the decode step's cache has one spare
+    column)."""
     p = next(model.parameters())
     per_position = sum(h * d for block in model.blocks for h, d in block.attn.cache_shapes()) * p.element_size()
-    context = model.config.context_length
-    if rows * (context + 1) * per_position <= budget_bytes:
-        return context
-    fits = (budget_bytes // (rows * per_position) - 1) // 16 * 16
-    if fits < 16:
-        need = -(-rows * 17 * per_position // 2**20)
-        raise ValueError(f"kv_cache_mb: {rows} slots of 16 positions need {need} MB ({per_position} bytes a position)")
-    return fits
+    return context_within(per_position, rows, model.config.context_length, budget_bytes, spare=1)
 
 
 class GPTRunner:
