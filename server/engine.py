@@ -158,7 +158,7 @@ class GenerationEngine:
             except ValueError:
                 return  # admitted or finished: the next step drops it
             self.stats.queued = len(self._waiting)
-        self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+        self._finish_request(req, "cancelled")
 
     # -- the scheduling loop, one iteration per call from the compute thread ---------------------
 
@@ -182,7 +182,7 @@ class GenerationEngine:
                 placed = {id(row.req) for row in self._rows}
                 for req in admitted:  # taken from the queue, not prefilled yet
                     if id(req) not in placed:
-                        self._emit(req, FinishEvent("error", "", 0, len(req.prompt_ids), message))
+                        self._finish_request(req, "error", message)
                 self._rows = []
                 self.stats.running = 0
 
@@ -195,7 +195,7 @@ class GenerationEngine:
         with self._lock:
             waiting, self._waiting = list(self._waiting), collections.deque()
         for req in waiting:
-            self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids), message))
+            self._finish_request(req, "cancelled", message)
 
     # -- 1. schedule --------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class GenerationEngine:
         live = []
         for req in admitted:
             if req.cancelled.is_set():
-                self._emit(req, FinishEvent("cancelled", "", 0, len(req.prompt_ids)))
+                self._finish_request(req, "cancelled")
             else:
                 live.append(req)
         return live
@@ -269,7 +269,7 @@ class GenerationEngine:
                 for req in reqs:
                     self._prefill([req])
             else:
-                self._emit(reqs[0], FinishEvent("error", "", 0, len(reqs[0].prompt_ids), f"{type(e).__name__}: {e}"))
+                self._finish_request(reqs[0], "error", f"{type(e).__name__}: {e}")
             return
         self.stats.prefill_passes += 1
         for req, row_logits in zip(reqs, logits, strict=True):
@@ -349,6 +349,11 @@ class GenerationEngine:
             req.sink(event)
         except Exception:
             req.cancel()
+
+    def _finish_request(self, req: GenerationRequest, reason: str, message: str = "") -> None:
+        """A request that ends without a row (withdrawn, cancelled before admission, its prefill failed)."""
+        self.stats.finished[reason] += 1
+        self._emit(req, FinishEvent(reason, "", 0, len(req.prompt_ids), message))
 
     def _finish(self, row: _Row, reason: str, message: str = "") -> None:
         row.finished = True

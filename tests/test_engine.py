@@ -168,6 +168,7 @@ def test_a_cancelled_request_leaves_the_queue_at_once(tiny_tokenizer):
     eng.submit([5, 6], SamplingParams(), lambda e: None)  # its place is free: no QueueFullError
     first.cancel()  # cancelling twice is harmless
     assert len(events) == 1
+    assert eng.stats.finished["cancelled"] == 1  # counted where /metrics reads it, with no row ever made
 
 
 def test_generation_stops_at_the_context_length(engine):
