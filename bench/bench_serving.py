@@ -10,7 +10,7 @@
 4. fill-mask p50 latency: our endpoint's function vs transformers' pipeline("fill-mask"), same checkpoint
 5. time to first token, HTTP overhead vs in-process, cold start (process start to /health 200)
 
-Every side runs in a process of its own (`--worker KIND`, driven over a pipe): our engine, our HTTP
+Every side runs in a process of its own (bench/serving_sides.py, driven over a pipe): our engine, our HTTP
 server, transformers' peers and the matmul floor never share a process, so no two OpenMP teams meet.
 Ours and the peer alternate within every round, so a change in the machine's speed (shared cores,
 noisy neighbours) hits both alike; the table gives the median over rounds of the per-round ratio.
@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import json
 import os
 import platform
-import queue
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,39 +40,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from model_store import STORE_ROOT, list_checkpoints, load_gpt  # noqa: E402
-from models.device import resolve_device  # noqa: E402
-from models.sampling import SamplingParams  # noqa: E402
+from bench.serving_sides import DEVICE, PROMPT, Worker, seconds  # noqa: E402
+from model_store import STORE_ROOT, list_checkpoints  # noqa: E402
 from scripts.processes import http_server, wait_compiled  # noqa: E402
-from server.config import Settings  # noqa: E402
-from server.events import FinishEvent  # noqa: E402
-from server.registry import ModelRegistry, ServedModel  # noqa: E402
 
-PROMPT = "The history of the city begins in the early Middle Ages , when"
 NEW_TOKENS = 64
 NEVER_STOP = {"eos_bias": -1e9}  # every request generates exactly the tokens it asks for
-
-
-def hf_twin(model, dtype: torch.dtype):
-    """A transformers GPT-2 with our model's sizes (random weights: speed does not depend on them)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    c = model.config
-    sizes = dict(n_positions=c.context_length, n_embd=c.d_model, n_layer=c.n_layer, n_head=c.n_head, n_inner=c.d_ff)
-    special = dict(bos_token_id=c.eos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.eos_token_id)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, **sizes, **special)).to(dtype).eval()
-
-
-# Every side runs where the server runs (TINYSERVE_DEVICE; CUDA when present), so a peer is timed on the same device.
-DEVICE = resolve_device(Settings().device)
-
-
-def seconds(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
-    fn()
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
-    return time.perf_counter() - t
 
 
 def alternate(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
@@ -93,158 +63,6 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Median, min and max over rounds of a[i] / b[i]."""
     r = [x / y for x, y in zip(a, b, strict=True)]
     return statistics.median(r), min(r), max(r)
-
-
-# -- the sides, each in its own process --------------------------------------------------------------
-
-
-class HFPeer:
-    """transformers' generate() on a static batch: every row runs until the batch's longest is done."""
-
-    def __init__(self, model_id: str, dtype: str) -> None:
-        model, tok = load_gpt(STORE_ROOT / model_id)
-        self.twin = hf_twin(model, getattr(torch, dtype)).to(DEVICE)
-        self.prompt_ids = tok.encode(PROMPT).ids
-
-    def tokens_per_s(self, lengths: list[int], batch: int) -> float:
-        """Requests for `lengths` new tokens, in batches of `batch`: requested tokens per second."""
-
-        def run() -> None:
-            for i in range(0, len(lengths), batch):
-                n = lengths[i : i + batch]
-                x = torch.tensor([self.prompt_ids] * len(n), device=DEVICE)
-                with torch.inference_mode():
-                    mask, new = torch.ones_like(x), max(n)
-                    self.twin.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-
-        return sum(lengths) / seconds(run)
-
-
-def served_compiled(settings: Settings, model_id: str) -> tuple[ModelRegistry, ServedModel]:
-    """A model loaded and started as the server does, once its compiled passes are built."""
-    registry = ModelRegistry(settings)
-    registry.load_all()
-    registry.start()
-    registry.compiled.wait()
-    served = registry.get(model_id)
-    return registry, served
-
-
-class EngineSide:
-    """Our engine as the server runs it (registry, compute thread, compiled steps), without HTTP."""
-
-    def __init__(self, model_id: str) -> None:
-        settings = Settings(models=[model_id], max_batch_size=32, max_queue=128)
-        self.registry, self.served = served_compiled(settings, model_id)
-        self.prompt_ids = self.served.tokenizer.encode(PROMPT)
-
-    def info(self) -> dict:
-        m = self.served
-        compiled = sorted(m.runner.step.compiled) if m.runner else []
-        return {
-            "dtype": str(next(m.model.parameters()).dtype),
-            "compiled": compiled,
-            "params": m.model.num_parameters(),
-        }
-
-    def tokens_per_s(self, n: int, new_tokens: int) -> float:
-        """n requests for new_tokens each, submitted at once: aggregate tokens/s."""
-        p = SamplingParams(max_new_tokens=new_tokens, temperature=0, eos_bias=float("-inf"))
-        done: queue.Queue = queue.Queue()
-        t = time.perf_counter()
-        for _ in range(n):
-            self.served.engine.submit(self.prompt_ids, p, lambda e: isinstance(e, FinishEvent) and done.put(e))
-        for _ in range(n):
-            done.get()
-        return n * new_tokens / (time.perf_counter() - t)
-
-    def request_s(self, new_tokens: int) -> float:
-        p = SamplingParams(max_new_tokens=new_tokens, temperature=0, eos_bias=float("-inf"))
-        return statistics.median(seconds(lambda: self.served.engine.generate(self.prompt_ids, p)) for _ in range(5))
-
-
-class MatmulFloor:
-    """The decode step's matrix products alone (the model's weights, the serving dtype, no Python between)."""
-
-    def __init__(self, model_id: str, dtype: str) -> None:
-        model, _ = load_gpt(STORE_ROOT / model_id)
-        dt = getattr(torch, dtype)
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        self.weights = [(m.weight.detach().to(DEVICE, dt), m.bias) for m in linears]
-        self.weights = [(w, None if b is None else b.detach().to(DEVICE, dt)) for w, b in self.weights]
-        self.dtype = dt
-
-    @torch.inference_mode()
-    def step_ms(self, rows: int) -> float:
-        widths = {w.shape[1] for w, _ in self.weights}
-        inputs = {d: torch.randn(rows, 1, d, dtype=self.dtype, device=DEVICE) for d in widths}
-
-        def chain() -> None:
-            for w, b in self.weights:
-                torch.nn.functional.linear(inputs[w.shape[1]], w, b)
-
-        for _ in range(20):
-            chain()
-        return statistics.median(seconds(lambda: [chain() for _ in range(50)]) / 50 for _ in range(5)) * 1e3
-
-
-class FillMaskOurs:
-    def __init__(self, folder: str) -> None:
-        from server.inspection import fill_mask
-
-        folder = Path(folder)
-        self.registry, served = served_compiled(Settings(store=folder.parent, models=[folder.name]), folder.name)
-        self.fill = lambda text: self.registry.compute.call(fill_mask, served, text, 5, None)
-
-    def p50_s(self, text: str) -> float:
-        return statistics.median(seconds(lambda: self.fill(text)) for _ in range(15))
-
-
-class FillMaskHF:
-    def __init__(self, folder: str) -> None:
-        import transformers
-
-        self.pipe = transformers.pipeline("fill-mask", model=folder, device=DEVICE)
-
-    def p50_s(self, text: str) -> float:
-        return statistics.median(seconds(lambda: self.pipe(text, top_k=5)) for _ in range(15))
-
-
-SIDES = {"hf": HFPeer, "engine": EngineSide, "floor": MatmulFloor, "fill-ours": FillMaskOurs, "fill-hf": FillMaskHF}
-MARK = "@@bench "  # a reply line; anything else a library prints on stdout is passed through
-
-
-def serve_side(kind: str, args: list[str]) -> None:
-    """The worker's loop: build the side, then answer one JSON command per line ([method, *args])."""
-    side = SIDES[kind](*args)
-    print(MARK + json.dumps("ready"), flush=True)
-    for line in sys.stdin:
-        method, *params = json.loads(line)
-        print(MARK + json.dumps(getattr(side, method)(*params)), flush=True)
-
-
-class Worker:
-    """A side in its own process: `python bench/bench_serving.py --worker KIND ARGS...`."""
-
-    def __init__(self, kind: str, *args: str) -> None:
-        cmd = [sys.executable, __file__, "--worker", kind, *args]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._reply()
-
-    def __call__(self, method: str, *args):
-        self.proc.stdin.write(json.dumps([method, *args]) + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
-
-    def _reply(self):
-        while line := self.proc.stdout.readline():
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
-        raise RuntimeError(f"benchmark worker exited with {self.proc.wait()}")
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
 
 
 async def http_streams(base: str, lengths: list[int], clients: int) -> tuple[float, float]:
@@ -337,11 +155,7 @@ def main() -> None:
         "--fill-mask-only", action="store_true", help="measure only the fill-mask row and print it (no file written)"
     )
     parser.add_argument("--no-fill-mask", action="store_true", help="leave out the fill-mask row")
-    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)  # internal: one side's process
     args = parser.parse_args()
-    if args.worker:
-        serve_side(args.worker[0], args.worker[1:])
-        return
     if args.fill_mask_only:
         print("| " + " | ".join(fill_mask_row(args.rounds)) + " |")
         return
