@@ -34,6 +34,9 @@ def import_gguf(file: Path, out: Path) -> Path:
     tokenizer, tokenizer_config = gguf_tokenizer(file)
     config = gguf_config(fields, tensors, ARCHES[arch_name], tokenizer)
     model = GPT.from_state(config, decoder_tensors(tensors, config, ARCHES[arch_name]))
+    missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if missing:  # what the file lacks stays on the meta device
+        raise GGUFError(f"{file}: tensors for {missing[:4]} are missing")
     types = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     dtype = torch.float32 if types & {"F32", "Q8_0"} else (torch.bfloat16 if "BF16" in types else torch.float16)
     source = f"`{file.name}` ({arch_name}, {'/'.join(sorted(types))})"
@@ -126,11 +129,6 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: Arch) -> dict[str, torch.
             qkv = ["attn_qkv"] if arch.fused_qkv else ["attn_q", "attn_k", "attn_v"]
             if f"{theirs}{qkv[0]}.{kind}" in tensors:
                 out[f"{ours}attn.qkv.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in qkv])
-    with torch.device("meta"):
-        names = GPT(c).state_dict()
-    missing = [k for k in names if k not in out and not (c.tie_weights and k == "lm_head.weight")]
-    if missing:
-        raise GGUFError(f"tensors for {missing[:4]} are missing from the file")
     return out
 
 
