@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.events import FinishEvent  # noqa: E402
+from server.events import Retired  # noqa: E402
 from server.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
@@ -68,7 +68,7 @@ def engine_iteration(served, compute, rows: int, new_tokens: int) -> tuple[float
     def submit_all() -> float:
         t = time.perf_counter()
         for _ in range(rows):
-            engine.submit(prompt, p, lambda e: isinstance(e, FinishEvent) and done.put(e))
+            engine.submit(prompt, p, lambda e: isinstance(e, Retired) and done.put(e))
         for _ in range(rows):
             done.get()
         return time.perf_counter() - t

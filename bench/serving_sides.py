@@ -25,7 +25,7 @@ from model_store import STORE_ROOT, load_gpt  # noqa: E402
 from models.device import resolve_device  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.events import FinishEvent  # noqa: E402
+from server.events import Retired  # noqa: E402
 from server.registry import ModelRegistry, ServedModel  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
@@ -111,7 +111,7 @@ class EngineSide:
         done: queue.Queue = queue.Queue()
         t = time.perf_counter()
         for _ in range(n):
-            self.served.engine.submit(self.prompt_ids, p, lambda e: isinstance(e, FinishEvent) and done.put(e))
+            self.served.engine.submit(self.prompt_ids, p, lambda e: isinstance(e, Retired) and done.put(e))
         for _ in range(n):
             done.get()
         return n * new_tokens / (time.perf_counter() - t)

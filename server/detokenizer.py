@@ -1,7 +1,7 @@
 """Text out of generated tokens, once per request: incremental decoding plus stop sequences.
 
-The engine feeds each request's tokens to its Detokenizer and puts the released text in the events,
-so nothing downstream decodes again.
+The output side (server/output.py) feeds each request's tokens to its Detokenizer and puts the
+released text in the events, so nothing downstream decodes again.
 """
 
 from __future__ import annotations

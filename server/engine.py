@@ -6,13 +6,13 @@ reader expects (vLLM's schedule -> execute -> update):
 2. run: decode the running rows' last tokens (one step for all), prefill the admitted prompts;
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
-4. output: the token events and text, and which rows are now finished.
+4. output: each row's token to its request, and which rows are now finished.
 Requests join and leave the batch independently. Running request i owns the runner's slot i; a retired
 request's slot is refilled by moving the last one into it, so a step always covers slots 0..n-1 (for
 our GPT, a fixed-shape step that can be compiled).
 
-Results go back through a per-request callback (`sink`), which the HTTP layer points at an asyncio
-queue and synchronous callers at a plain queue.
+Results go back as ids through a per-request callback (`sink`) that only queues them: the text is
+made on the consumer's side (server/output.py), never on the compute thread.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob, sample
 from server.compute import ComputeThread
 from server.config import default
-from server.detokenizer import Detokenizer
-from server.events import Alternative, Event, FinishEvent, TokenEvent
+from server.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
+from server.output import RequestOutput
 from server.runners import CausalLMRunner
 
 
@@ -43,7 +43,7 @@ class GenerationRequest:
         self,
         prompt_ids: list[int],
         params: SamplingParams,
-        sink: Callable[[Event], None],
+        sink: Callable[[EngineOutput], None],
         timeout_s: float | None,
         withdraw: Callable[[GenerationRequest], None] = lambda req: None,
     ) -> None:
@@ -52,25 +52,32 @@ class GenerationRequest:
         self.sink = sink
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
         self.cancelled = threading.Event()
+        self.end_reason = "cancelled"  # why it was asked to end, as its Retired output says
         self._withdraw = withdraw
 
-    def cancel(self) -> None:
-        """Leave the waiting queue now, or stop at the next decode step (e.g. the client disconnected)."""
+    def end(self, reason: str) -> None:
+        """Leave the waiting queue now, or stop at the next step: `reason` is what the output side found
+        (a stop sequence); the first reason given is kept."""
+        if not self.cancelled.is_set():
+            self.end_reason = reason
         self.cancelled.set()
         self._withdraw(self)
+
+    def cancel(self) -> None:
+        """End it because nobody wants its output any more (the client disconnected)."""
+        self.end("cancelled")
 
 
 class _Row:
     """A request in the running batch."""
 
-    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int, tokenizer) -> None:
+    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
         self.req = req
         self.logits: torch.Tensor | None = logits  # (V,) raw logits of this step, for the batch sampler
         self.draw: Draw | None = None  # or this step's token, chosen (greedy rows: by the decode step)
         self.generated: list[int] = []  # the last one is not in the cache yet: the next run decodes it
         self.length = len(req.prompt_ids)  # real tokens in the cache
         self.max_new = max_new
-        self.detokenizer = Detokenizer(tokenizer, req.params.stop)
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
         self.finished = False  # its finish event is out: the next schedule retires it
@@ -133,7 +140,7 @@ class GenerationEngine:
         self,
         prompt_ids: list[int],
         params: SamplingParams,
-        sink: Callable[[Event], None],
+        sink: Callable[[EngineOutput], None],
         timeout_s: float | None = None,
     ) -> GenerationRequest:
         """Queue a request; raises QueueFullError when the queue is full, ValueError on a bad prompt."""
@@ -158,7 +165,7 @@ class GenerationEngine:
             except ValueError:
                 return  # admitted or finished: the next step drops it
             self.stats.queued = len(self._waiting)
-        self._finish_request(req, "cancelled")
+        self._finish_request(req, req.end_reason)
 
     # -- the scheduling loop, one iteration per call from the compute thread ---------------------
 
@@ -214,7 +221,7 @@ class GenerationEngine:
         live = []
         for req in admitted:
             if req.cancelled.is_set():
-                self._finish_request(req, "cancelled")
+                self._finish_request(req, req.end_reason)
             else:
                 live.append(req)
         return live
@@ -274,7 +281,7 @@ class GenerationEngine:
         self.stats.prefill_passes += 1
         for req, row_logits in zip(reqs, logits, strict=True):
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
-            self._rows.append(_Row(req, row_logits, max_new, self.tokenizer))
+            self._rows.append(_Row(req, row_logits, max_new))
 
     # -- 3. sample -----------------------------------------------------------------------------
 
@@ -289,7 +296,7 @@ class GenerationEngine:
     # -- 4. output -----------------------------------------------------------------------------
 
     def _output(self) -> None:
-        """Each row's token as an event with its text; a row that ends here sends its finish event."""
+        """Each row's token to its request; a row that ends here is retired."""
         for row in self._rows:
             draw, row.draw = row.draw, None
             if draw is not None:
@@ -314,7 +321,7 @@ class GenerationEngine:
     def _wanted(self, row: _Row) -> bool:
         """False (and finished) when the request was cancelled or ran out of time."""
         if row.req.cancelled.is_set():
-            self._finish(row, "cancelled")
+            self._finish(row, row.req.end_reason)
             return False
         if row.req.deadline is not None and time.monotonic() > row.req.deadline:
             self._finish(row, "timeout", "request exceeded its time limit")
@@ -322,59 +329,47 @@ class GenerationEngine:
         return True
 
     def _advance(self, row: _Row, draw: Draw) -> None:
-        """Report the row's next token, and its finish when the token ends it."""
-        req, p = row.req, row.req.params
-        token, logprob = draw.token, draw.logprob
-        alternatives = tuple(Alternative(i, self.tokenizer.decode([i]), lp, i == self.eos_id) for i, lp in draw.top)
-        token_text = self.tokenizer.decode([token]) if p.logprobs else ""
+        """Send the row's next token, and retire the row when the token ends it."""
         self.stats.tokens_generated += 1
-        if token == self.eos_id:
-            self._emit(req, TokenEvent(token, "", token_text, True, logprob, alternatives, last=True))
-            self._finish(row, "eos_token")
-            return
-        row.generated.append(token)
-        row.sampling.seen.append(token)
-        row.sampling.generated += 1
-        released, stopped = row.detokenizer.add(token)
+        eos = draw.token == self.eos_id
+        if not eos:
+            row.generated.append(draw.token)
+            row.sampling.seen.append(draw.token)
+            row.sampling.generated += 1
         at_length = len(row.generated) >= row.max_new
-        last = stopped or at_length
-        self._emit(req, TokenEvent(token, released, token_text, False, logprob, alternatives, last=last))
-        if last:
-            self._finish(row, "stop_sequence" if stopped else "length")
+        self._emit(row.req, Sampled(draw.token, draw.logprob, draw.top, eos, last=eos or at_length))
+        if eos or at_length:
+            self._finish(row, "eos_token" if eos else "length")
 
     @staticmethod
-    def _emit(req: GenerationRequest, event: Event) -> None:
-        """Hand an event to the request's sink; a failing sink (its client gone) never hurts the batch."""
+    def _emit(req: GenerationRequest, out: EngineOutput) -> None:
+        """Hand an output to the request's sink; a failing sink (its client gone) never hurts the batch."""
         try:
-            req.sink(event)
+            req.sink(out)
         except Exception:
             req.cancel()
 
     def _finish_request(self, req: GenerationRequest, reason: str, message: str = "") -> None:
         """A request that ends without a row (withdrawn, cancelled before admission, its prefill failed)."""
         self.stats.finished[reason] += 1
-        self._emit(req, FinishEvent(reason, "", 0, len(req.prompt_ids), message))
+        self._emit(req, Retired(reason, 0, len(req.prompt_ids), message))
 
     def _finish(self, row: _Row, reason: str, message: str = "") -> None:
         row.finished = True
-        tail = ""
-        if reason != "stop_sequence":  # release what was held back: undecoded bytes, stop-sequence prefixes
-            tail, stopped = row.detokenizer.finish()
-            reason = "stop_sequence" if stopped else reason
         self.stats.finished[reason] += 1
-        prompt_tokens = len(row.req.prompt_ids)
-        self._emit(row.req, FinishEvent(reason, row.detokenizer.text, len(row.generated), prompt_tokens, message, tail))
+        self._emit(row.req, Retired(reason, len(row.generated), len(row.req.prompt_ids), message))
 
-    # -- synchronous use (tests, command line, Cog) --------------------------------------------
+    # -- synchronous use (tests, command line, Cog): text made on the caller's thread ----------
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None) -> Iterator[Event]:
-        """Submit and yield every event as it comes; closing the iterator early cancels the request."""
-        events: queue.Queue[Event] = queue.Queue()
-        req = self.submit(prompt_ids, params, events.put, timeout_s)
+        """Submit and yield every event, with its text, as it comes; closing the iterator early cancels
+        the request."""
+        outs: queue.Queue[EngineOutput] = queue.Queue()
+        req = self.submit(prompt_ids, params, outs.put, timeout_s)
+        made = RequestOutput(req, self.tokenizer, self.eos_id)
         try:
-            while not isinstance(event := events.get(), FinishEvent):
-                yield event
-            yield event
+            while not made.finished:
+                yield from made.add(outs.get())
         finally:
             req.cancel()
 

@@ -1,5 +1,6 @@
-"""What the engine sends a request's consumer: one event per generated token, then its finish. The
-routers, the service layer and the Cog predictor read these, never the engine's rows."""
+"""What a request's consumer receives. The engine (compute thread) sends ids: `Sampled` per step, then
+`Retired`; the output side (server/output.py, on the consumer's thread) makes them into `TokenEvent`s
+with text and a `FinishEvent`, which the routers, the service layer and the Cog predictor read."""
 
 from __future__ import annotations
 
@@ -40,3 +41,27 @@ class FinishEvent:
 
 
 Event = TokenEvent | FinishEvent
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The token the engine chose for a request at one step, as ids."""
+
+    id: int
+    logprob: float | None = None  # when asked for
+    top: tuple[tuple[int, float], ...] = ()  # likely alternatives (id, logprob), when asked for
+    eos: bool = False  # the end-of-text token
+    last: bool = False  # the engine ends the request with it (end of text, or its length)
+
+
+@dataclass(frozen=True)
+class Retired:
+    """The engine is done with a request: it ended by itself or was asked to stop (`GenerationRequest.end`)."""
+
+    reason: str  # as FinishEvent.reason
+    generated_tokens: int
+    prompt_tokens: int
+    message: str = ""
+
+
+EngineOutput = Sampled | Retired

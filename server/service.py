@@ -20,7 +20,8 @@ from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine import QueueFullError
 from server.errors import APIError
-from server.events import Event, FinishEvent, TokenEvent
+from server.events import EngineOutput, Event, FinishEvent, Retired, TokenEvent
+from server.output import RequestOutput
 from server.registry import ModelLoadingError, ModelRegistry, ServedModel, UnknownModelError
 
 RETRY_AFTER_S = "1"
@@ -166,16 +167,16 @@ class Outbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: collections.deque[tuple[asyncio.Queue[Event], Event]] = collections.deque()
+        self._items: collections.deque[tuple[asyncio.Queue[EngineOutput], EngineOutput]] = collections.deque()
         self._scheduled = False
         self._lock = threading.Lock()
 
-    def sink(self, queue: asyncio.Queue[Event], wake_on_tokens: bool) -> Callable[[Event], None]:
-        """The engine-side callback for one request's events (called on the compute thread)."""
+    def sink(self, queue: asyncio.Queue[EngineOutput], wake_on_tokens: bool) -> Callable[[EngineOutput], None]:
+        """The engine-side callback for one request's outputs (called on the compute thread)."""
 
-        def put(event: Event) -> None:
-            self._items.append((queue, event))  # before the flag is read: a pending drain will see it
-            if wake_on_tokens or isinstance(event, FinishEvent):
+        def put(out: EngineOutput) -> None:
+            self._items.append((queue, out))  # before the flag is read: a pending drain will see it
+            if wake_on_tokens or isinstance(out, Retired):
                 self._schedule()
 
         return put
@@ -212,32 +213,34 @@ async def events(
 ) -> AsyncIterator[Event]:
     """Run one request on the model's engine and yield its events.
 
-    streaming=False (the whole response at the end) delivers the token events together with the
-    finish. Leaving the iteration early (client gone, stream closed) cancels the request at the next
-    decode step, so its batch slot is freed.
+    The text is made here, on the event loop's thread (server/output.py). streaming=False (the whole
+    response at the end) delivers the token events together with the finish, unless a stop sequence
+    must be looked for as the tokens come. Leaving the iteration early (client gone, stream closed)
+    cancels the request at the next decode step, so its batch slot is freed.
     """
-    queue: asyncio.Queue[Event] = asyncio.Queue()
-    sink = outbox(asyncio.get_running_loop()).sink(queue, wake_on_tokens=streaming)
+    engine = job.model.engine
+    queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+    sink = outbox(asyncio.get_running_loop()).sink(queue, wake_on_tokens=streaming or bool(job.params.stop))
     try:
-        req = job.model.engine.submit(job.prompt_ids, job.params, sink, settings.request_timeout_s)
+        req = engine.submit(job.prompt_ids, job.params, sink, settings.request_timeout_s)
     except QueueFullError as e:
         raise busy(e) from None
+    output = RequestOutput(req, engine.tokenizer, engine.eos_id)
     try:
-        while True:
+        while not output.finished:
             if queue.empty():  # wait_for costs a task per call: only pay it when there is nothing to read
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=0.5)
+                    out = await asyncio.wait_for(queue.get(), timeout=0.5)
                 except TimeoutError:
                     if is_disconnected is not None and await is_disconnected():
                         return
                     continue
             else:
-                event = queue.get_nowait()
-            if isinstance(event, FinishEvent) and (error := failure(event, settings)):
-                raise error
-            yield event
-            if isinstance(event, FinishEvent):
-                return
+                out = queue.get_nowait()
+            for event in output.add(out):
+                if isinstance(event, FinishEvent) and (error := failure(event, settings)):
+                    raise error
+                yield event
     finally:
         req.cancel()
 

@@ -8,7 +8,7 @@ from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.detokenizer import Detokenizer
 from server.engine import GenerationEngine, QueueFullError
-from server.events import FinishEvent
+from server.events import FinishEvent, Retired
 from server.runners.decoder.runner import GPTRunner
 from tests.conftest import tiny_gpt
 
@@ -123,13 +123,46 @@ def test_stop_sequence_across_token_boundaries(engine):
     assert "".join(t.text for t in tokens) == fin.text  # nothing of the stop sequence was streamed
 
 
+def test_a_stop_sequence_found_on_the_output_side_ends_the_request_in_the_engine(engine):
+    """The text (and so the stop sequence) is found on the consumer's side; the engine then retires the
+    row within a step or two instead of running to max_new_tokens."""
+    greedy = SamplingParams(max_new_tokens=60, temperature=0, eos_bias=float("-inf"))
+    text = engine.generate(prompt(engine), greedy)[1].text
+    stop = text[3:6]
+    before, stopped = engine.stats.tokens_generated, engine.stats.finished["stop_sequence"]
+    fin = engine.generate(prompt(engine), SamplingParams(**{**vars(greedy), "stop": [stop]}))[1]
+    assert fin.reason == "stop_sequence" and fin.generated_tokens < 10
+    engine.generate(prompt(engine), SamplingParams(max_new_tokens=1))  # the step after the stop has run
+    assert engine.stats.finished["stop_sequence"] == stopped + 1  # retired as what the output side found
+    assert engine.stats.tokens_generated - before < fin.generated_tokens + 4  # not the 60 asked for
+
+
+def test_text_is_made_on_the_consumers_thread_not_the_compute_thread(engine, monkeypatch):
+    """Detokenizing, stop sequences and the alternatives' text run where the events are read."""
+    threads: set[str] = set()
+    tokenizer = engine.tokenizer
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def decode(self, ids, *args, **kwargs):
+            threads.add(threading.current_thread().name)
+            return tokenizer.decode(ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "tokenizer", Watched())
+    params = SamplingParams(max_new_tokens=8, temperature=0, logprobs=True, top_logprobs=2, stop=["zzz"])
+    tokens, fin = engine.generate(prompt(engine), params)
+    assert fin.text and threads == {threading.current_thread().name}
+
+
 def test_cancel_stops_generation(engine):
     events = []
     done = threading.Event()
 
     def sink(e):
         events.append(e)
-        if isinstance(e, FinishEvent):
+        if isinstance(e, Retired):
             done.set()
 
     req = engine.submit(prompt(engine), SamplingParams(max_new_tokens=60, eos_bias=float("-inf")), sink)
@@ -163,7 +196,7 @@ def test_a_cancelled_request_leaves_the_queue_at_once(tiny_tokenizer):
     first = eng.submit([5, 6], SamplingParams(), events.append)
     eng.submit([5, 6], SamplingParams(), lambda e: None)
     first.cancel()
-    assert [(type(e), e.reason) for e in events] == [(FinishEvent, "cancelled")]
+    assert [(type(e), e.reason) for e in events] == [(Retired, "cancelled")]
     assert eng.stats.queued == 1
     eng.submit([5, 6], SamplingParams(), lambda e: None)  # its place is free: no QueueFullError
     first.cancel()  # cancelling twice is harmless
@@ -227,7 +260,7 @@ def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokeni
         got = []
         for q in results:
             events = []
-            while not isinstance(event := q.get(timeout=30), FinishEvent):
+            while not isinstance(event := q.get(timeout=30), Retired):
                 events.append(event.id)
             got.append(events)
         eng.stop()
