@@ -87,7 +87,7 @@ def measure_one(model_id: str, candidate: str, dtype: str, rows: int) -> dict:
         model(ids, input_pos=torch.arange(T).expand(rows, T), cache=static)  # the prompt in every slot
         cache = static.view(rows, COLUMNS).tensors()
         tokens, positions = torch.full((rows, 1), 5), torch.full((rows, 1), T)
-        step = eager_step(model, c.n_layer)
+        step = eager_step(model, c.n_layer, fused_attention=False)
         t = time.perf_counter()
         fn = build(candidate, step, (tokens, positions, *cache))
         expected = step(tokens, positions, *[x.clone() for x in cache]).float()

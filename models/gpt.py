@@ -6,9 +6,10 @@ multi-head causal self-attention (heads concatenated, then projected) and a GELU
 (optionally tied) language-model head. The configuration is models/config.py.
 
 One forward path, as in gpt-fast: `forward(idx)` runs causal attention over the tokens given (training,
-scoring, attention maps); `forward(idx, input_pos=...)` also writes their keys and values into a
-static KV cache at those positions and attends over it (prompts, then one token per step). The model
-owns its cache (`setup_cache`); a compiled step may pass its own views of it instead.
+scoring, attention maps); `forward(idx, input_pos=..., cache=...)` also writes their keys and values
+into a static KV cache at those positions and attends over it (prompts, then one token per step). The
+caller owns the cache (`new_cache`, or views of one) and says which attention kernel it wants: the
+model holds no serving state and makes no serving choice.
 
 The same decoder serves the small-LM families people use (model_store/families.py maps their
 checkpoints in): RMSNorm or LayerNorm, GELU (erf or tanh) or SwiGLU MLP, grouped-query attention
@@ -100,6 +101,7 @@ class CausalSelfAttention(nn.Module):
         layer: int,
         kv_cache: StaticKVCache | None,
         return_attention: bool,
+        fused_attention: bool,  # SDPA's one op where this layer's options allow it, else the explicit product
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
         H, KV, D = self.n_head, self.n_kv_head, self.head_dim
@@ -124,12 +126,8 @@ class CausalSelfAttention(nn.Module):
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
-        # one new token over the cache: compiled, the explicit product, which inductor fuses (SDPA's CPU
-        # flash kernel cost 4x as much there); eager, SDPA's one op (19 against 83 us a layer over 32 keys).
-        # is_dynamo_compiling, not is_compiling: the latter is true in every thread while any one compiles
-        one_token = kv_cache is not None and T == 1 and torch.compiler.is_dynamo_compiling()
         grouped = KV != H  # each key/value head serves G = H / KV query heads
-        if self.fused and not return_attention and not one_token:
+        if self.fused and fused_attention and not return_attention:
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, enable_gqa=grouped
@@ -224,8 +222,10 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.parallel = config.parallel_residual
 
-    def forward(self, x, mask, positions, rotation, layer, kv_cache, return_attention):
-        a, weights = self.attn(self.ln_1(x), mask, positions, rotation, layer, kv_cache, return_attention)
+    def forward(self, x, mask, positions, rotation, layer, kv_cache, return_attention, fused_attention):
+        a, weights = self.attn(
+            self.ln_1(x), mask, positions, rotation, layer, kv_cache, return_attention, fused_attention
+        )
         if self.parallel:
             return x + a + self.mlp(self.ln_2(x)), weights
         x = x + a
@@ -255,7 +255,6 @@ class GPT(nn.Module):
         if config.positions == "sinusoidal":  # a lookup per decode step instead of sin and cos of every angle
             self.register_buffer("pe_table", position_table(config), persistent=False)  # (context_length, C)
         self.drop = nn.Dropout(config.dropout)
-        self.cache: StaticKVCache | None = None  # setup_cache(rows) allocates it
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = norm_layer(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -296,30 +295,29 @@ class GPT(nn.Module):
         shapes = [block.attn.cache_shapes() for block in self.blocks]
         return StaticKVCache.empty(shapes, rows, columns or self.config.context_length, p.dtype, p.device)
 
-    def setup_cache(self, rows: int, columns: int | None = None) -> StaticKVCache:
-        """Allocate the model's own KV cache, which forward(idx, input_pos=...) uses by default."""
-        self.cache = self.new_cache(rows, columns)
-        return self.cache
-
     def forward(
         self,
         idx: torch.Tensor,  # (B, T) token ids
         targets: torch.Tensor | None = None,  # (B, T), -100 = ignore
         *,
-        input_pos: torch.Tensor | None = None,  # (B, T) positions: write to the cache and attend over it
-        cache: StaticKVCache | None = None,  # default: the model's own (setup_cache)
+        input_pos: torch.Tensor | None = None,  # (B, T) positions: write to `cache` and attend over it
+        cache: StaticKVCache | None = None,  # with input_pos
         return_attention: bool = False,
         logits_at: torch.Tensor | None = None,  # (B,) one index per row: only its logits, (B, 1, vocab)
+        fused_attention: bool = True,  # False: the explicit product, which a compiler fuses into a one-token step
     ) -> GPTOutput:
         B, T = idx.shape
         if input_pos is None:  # the tokens alone, at positions 0..T-1, causal
             positions = torch.arange(T, device=idx.device).expand(B, T)
-            return self._blocks(idx, positions, None, None, return_attention, targets, logits_at)
-        cache = cache if cache is not None else self.cache
+            return self._blocks(idx, positions, None, None, return_attention, fused_attention, targets, logits_at)
+        if cache is None:
+            raise ValueError("input_pos needs the cache to write to (GPT.new_cache)")
         mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
-        return self._blocks(idx, input_pos, mask, cache, return_attention, targets, logits_at)
+        return self._blocks(idx, input_pos, mask, cache, return_attention, fused_attention, targets, logits_at)
 
-    def _blocks(self, idx, position_ids, mask, kv_cache, return_attention, targets, logits_at) -> GPTOutput:
+    def _blocks(
+        self, idx, position_ids, mask, kv_cache, return_attention, fused_attention, targets, logits_at
+    ) -> GPTOutput:
         """Embeddings, the blocks, the LM head (and the loss when targets are given)."""
         x = self.tok_emb(idx)  # (B, T, C)
         if self.config.scale_embeddings:
@@ -339,7 +337,7 @@ class GPT(nn.Module):
             rotation = rope_rotation(position_ids, c.rotated_channels, x.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention)
+            x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul
@@ -363,7 +361,7 @@ class GPT(nn.Module):
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         state = SequenceState(params, idx[0].tolist(), 0, generator)
         T = idx.shape[1]
-        cache = self.new_cache(1)  # its own: the model's (a server's slots) stays as it is
+        cache = self.new_cache(1)
         logits = self(idx, input_pos=torch.arange(T, device=idx.device).view(1, T), cache=cache).logits[:, -1]  # (1, V)
         out: list[int] = []
         for pos in range(T, T + min(params.max_new_tokens, self.config.context_length - T)):

@@ -2,8 +2,8 @@
 
 Two targets have buckets to compile: the GPT's decode step (server/runners/decoder/step.py: one per row
 count, its key columns a dynamic dimension) and the EsperBERTo encoder (server/encoder_step.py).
-Each gives the compiler its buckets, its eager function, and example inputs of a bucket's shapes;
-the compiler fills its `compiled` dict.
+Each gives the compiler its buckets, the function to trace (`traced`), and example inputs of a bucket's
+shapes; the compiler fills its `compiled` dict.
 
 On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
 layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step against 4.0 ms with
@@ -14,12 +14,13 @@ inductor's defaults (Triton kernels), and the compute thread replays it as a CUD
 
 A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
 compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
-shapes, and checked against the eager step before the engine may use it: a failure or a mismatch
-logs a line and leaves that bucket eager. The engine then calls the built graph itself, not through
-dynamo (GraphCapture). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form,
-bucket and torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its
-cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: on the CPU the passes
-compile at every start (the cache serves CUDA's graphs), as measured in docs/BENCHMARKS.md.
+shapes, and checked against the traced function run eagerly (the same kernels) before the engine may
+use it: a failure or a mismatch logs a line and leaves that bucket eager. The engine then calls the
+built graph itself, not through dynamo (GraphCapture). Inductor's artifacts are saved per checkpoint,
+dtype, device, weights' form, bucket and torch version (torch.compiler.save_cache_artifacts), so a
+restarted server builds from its cache. A frozen CPU graph holds oneDNN tensors, which inductor does
+not pickle: on the CPU the passes compile at every start (the cache serves CUDA's graphs), as measured
+in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class StepMismatchError(RuntimeError):
 class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # of the weights: sets the tolerance
-    eager: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
+    traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled; run eagerly, the reference
     compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]  # bucket -> compiled, when ready
 
     def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
@@ -340,7 +341,7 @@ class BackgroundCompiler:
             # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled, got = self.compile(bucket, fallback)
-        expected = floating(self.target.eager(*self.target.example(bucket)))
+        expected = floating(self.target.traced(*self.target.example(bucket)))
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))
         if diff > TOLERANCE[self.target.dtype]:
             raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[self.target.dtype]:.0e}")
@@ -355,7 +356,7 @@ class BackgroundCompiler:
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the first call compiles it,
         the second runs it as the engine will: directly, where the graph takes the function's arguments alone)."""
-        fn = own_code(self.target.eager, self.label(bucket))
+        fn = own_code(self.target.traced, self.label(bucket))
         # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
         config = dict(settings)
         capture = GraphCapture("inductor")

@@ -40,7 +40,7 @@ class EncoderStep:
         self.pad_id = model.config.pad_token_id
         self.vocab_size = model.config.vocab_size
         self.buckets = buckets(max_tokens, smallest=16)
-        self.eager = eager_encoder(model)
+        self.traced = eager_encoder(model)  # also what runs until a bucket is compiled
         self.compiled: dict[int, EncodeFn] = {}  # length bucket -> compiled encoder, added when ready
 
     def compile_order(self, max_tokens: int = 128) -> list[int]:
@@ -63,7 +63,7 @@ class EncoderStep:
         compiled = self.compiled.get(bucket)
         ids = input_ids.to(self.device).view(1, T)
         if compiled is None:
-            return self.eager(ids, None)[0]
+            return self.traced(ids, None)[0]
         padded = torch.full((1, bucket), self.pad_id, dtype=ids.dtype, device=self.device)
         padded[:, :T] = ids
         mask = torch.zeros((1, bucket), dtype=torch.long, device=self.device)

@@ -89,7 +89,7 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     def build(self, bucket):  # stands for the minutes a real compile takes on the CPU
         assert release.wait(60)
         built.append(bucket)
-        return self.target.eager
+        return self.target.traced
 
     monkeypatch.setattr(BackgroundCompiler, "build", build)
     settings = Settings(store=store, models=["tiny-gpt"], ready_after="compiled", compile_models=True)

@@ -45,6 +45,29 @@ def test_an_eager_decode_step_attends_through_sdpa_while_another_thread_compiles
     torch.testing.assert_close(step[:, -1], whole[:, -1], atol=1e-5, rtol=1e-4)
 
 
+def test_the_caller_chooses_the_attention_kernel_and_owns_the_cache(monkeypatch):
+    """fused_attention=False (what the compiled decode step asks for) is the explicit product, with the
+    same logits as SDPA's; the model keeps no cache of its own."""
+    model = tiny_gpt()
+    x = torch.randint(1, 97, (2, 6))
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
+    logits = {}
+    with torch.no_grad():
+        for fused in (True, False):
+            cache, calls[:] = model.new_cache(2), []
+            model(x[:, :5], input_pos=torch.arange(5).expand(2, 5), cache=cache, fused_attention=fused)
+            step = model(x[:, 5:], input_pos=torch.tensor([[5], [5]]), cache=cache, fused_attention=fused)
+            logits[fused] = step.logits
+            assert len(calls) == (2 * model.config.n_layer if fused else 0)
+    torch.testing.assert_close(logits[False], logits[True], atol=1e-5, rtol=1e-4)
+    assert not hasattr(model, "cache")
+    with pytest.raises(ValueError, match="cache"):
+        model(x, input_pos=torch.arange(6).expand(2, 6))
+
+
 @pytest.mark.parametrize("sm", SOFTMAXES)
 def test_attention_weights_shapes_and_row_sums(sm):
     model = tiny_gpt(softmax=sm)

@@ -24,7 +24,7 @@ def test_bf16_steps_run_prepacked_layers_on_a_copy_that_shares_the_other_weights
     step = DecodeStep(model, 4)
     with torch.inference_mode():
         for rows in (1, 4):
-            want, got = step.eager(*step.example(rows)), step.uncompiled(*step.example(rows))
+            want, got = step.traced(*step.example(rows)), step.uncompiled(*step.example(rows))
             assert torch.equal(got[0], want[0])  # the greedy tokens
             assert (got[2].float() - want[2].float()).abs().max() / (1 + want[2].float().abs().max()) < 2e-2
 
@@ -43,7 +43,7 @@ def test_without_avx512_float32_steps_run_prepacked_layers_with_the_models_numbe
     step = DecodeStep(model, 4)
     with torch.inference_mode():
         for rows in (1, 4):
-            want, got = step.eager(*step.example(rows)), step.uncompiled(*step.example(rows))
+            want, got = step.traced(*step.example(rows)), step.uncompiled(*step.example(rows))
             assert torch.equal(got[0], want[0])
             assert (got[2] - want[2]).abs().max() / (1 + want[2].abs().max()) < 1e-4
 
@@ -99,5 +99,5 @@ def test_bf16_prepacks_only_where_onednn_computes_bf16(monkeypatch):
     assert not prepacks(model) and prepacked_copy(model) is model
     step = DecodeStep(model, 4)
     with torch.inference_mode():
-        want, got = step.eager(*step.example(1)), step.uncompiled(*step.example(1))
+        want, got = step.traced(*step.example(1)), step.uncompiled(*step.example(1))
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])

@@ -63,8 +63,7 @@ def prepacks(model: nn.Module) -> bool:
 
 def prepacked_copy(model: nn.Module) -> nn.Module:
     """The model with every linear layer prepacked, sharing all its other parameters and buffers; the
-    model itself where prepacking does not apply or finds no linear layer. Copy before allocating a
-    cache on the model."""
+    model itself where prepacking does not apply or finds no linear layer."""
     kinds = (nn.Linear, WeightOnlyInt8Linear)
     if not prepacks(model) or not any(isinstance(m, kinds) for m in model.modules()):
         return model
