@@ -34,7 +34,7 @@ browser:
 	  { echo "make test needs Debian's chromium for the browser tests: apt-get install chromium" >&2; exit 1; }
 
 # The server image's CPU variant, built with podman on a debootstrapped Debian base (no Docker engine
-# needed) and served from inside: /health, a completion, a fill-mask (README, "Docker").
+# needed) and served from inside: /health, a completion, a fill-mask (docs/DEPLOYMENT.md, "Docker").
 image-test: install
 	$(PY) -m scripts.image_test
 

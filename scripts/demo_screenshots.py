@@ -1,4 +1,4 @@
-"""Retake the README's demo-page screenshots on the shipped models (headless Debian chromium).
+"""Retake the demo-page screenshots (README, docs/API.md) on the shipped models (headless Debian chromium).
 
 python -m scripts.demo_screenshots [--out docs]
 """

@@ -1,4 +1,5 @@
-"""The import layers the README states: models <- model_store <- training, server; no cycles.
+"""The import layers docs/ARCHITECTURE.md states: models <- model_store <- training, server, the layers inside
+server; no cycles.
 
 Every import counts, including those inside functions and under TYPE_CHECKING: a cycle a reader has to
 untangle is a cycle, whenever it runs."""
@@ -18,6 +19,17 @@ ALLOWED = {
 }
 # the `tinyserve` command dispatches to every job, training's included
 EXCEPTIONS = {("server.cli", "training")}
+# inside server, lowest first: a module imports only from its own layer or the ones before it
+SERVER_LAYERS = [
+    {"config", "errors", "events", "metrics", "placement", "model_card", "compute", "compiled", "detokenizer"},
+    {"runners", "encoder_step", "output", "schemas", "middleware"},
+    {"engine"},
+    {"registry"},
+    {"service", "inspection", "dependencies"},
+    {"routers"},
+    {"app"},
+    {"__main__", "ray_serve", "cli"},
+]
 
 
 def module_name(path: Path) -> str:
@@ -49,6 +61,25 @@ def test_packages_import_only_the_layers_below_them():
         if (top := target.split(".")[0]) != module.split(".")[0]
         and top not in ALLOWED[module.split(".")[0]]
         and (module, top) not in EXCEPTIONS
+    ]
+    assert not bad, bad
+
+
+def server_layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    if part == "__init__":
+        return 0  # the package itself holds no code
+    return next(i for i, layer in enumerate(SERVER_LAYERS) if part in layer)
+
+
+def test_server_modules_import_only_the_layers_below_them():
+    """compute thread, steps, detokenizer <- runners, output <- engine <- registry <- service <- routers <- app."""
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in project_imports().items()
+        if module.startswith("server")
+        for target in targets
+        if target.startswith("server.") and server_layer(target) > server_layer(module)
     ]
     assert not bad, bad
 
