@@ -6,6 +6,7 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
+import server.registry as registry_module
 from server.app import create_app
 from server.compiled import BackgroundCompiler
 from server.config import Settings
@@ -16,13 +17,16 @@ from server.registry import ModelLoadingError, ModelRegistry
 def held(monkeypatch):
     """Holds the loading behind ready until released: what a request sees while the store loads."""
     release = threading.Event()
-    behind = ModelRegistry._behind_ready
+    start_behind = registry_module.behind_requests
 
-    def held_behind(self):
-        assert release.wait(60)
-        behind(self)
+    def held_behind(work, compute, name="background"):
+        def held():
+            assert release.wait(60)
+            work()
 
-    monkeypatch.setattr(ModelRegistry, "_behind_ready", held_behind)
+        return start_behind(held, compute, name)
+
+    monkeypatch.setattr(registry_module, "behind_requests", held_behind)
     return release
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+import server.registry as registry_module
 from server.app import create_app
 from server.compute import ComputeThread, WrongThreadError
 from server.config import Settings
@@ -36,20 +37,24 @@ def test_a_guarded_model_refuses_other_threads():
         compute.stop()
 
 
-def test_every_route_computes_on_the_one_compute_thread(store):
+def test_every_route_computes_on_the_one_compute_thread(store, monkeypatch):
     """Load, warm-up, generation, score, attention and fill-mask: one thread ran every forward pass."""
     threads: set[int] = set()
+
+    def watched(load):
+        def load_and_watch(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            model = loaded[0] if isinstance(loaded, tuple) else loaded.model  # (model, tokenizer) or a runner
+            model.register_forward_pre_hook(lambda module, inputs: threads.add(threading.get_ident()))
+            threads.add(threading.get_ident())  # loading ran here
+            return loaded
+
+        return load_and_watch
+
+    monkeypatch.setattr(registry_module, "load_runner", watched(registry_module.load_runner))
+    monkeypatch.setattr(registry_module, "load_mlm", watched(registry_module.load_mlm))
     app = create_app(Settings(store=store, models=["tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"]))
     registry = app.state.registry
-    original = registry._load
-
-    def load_and_watch(*args, **kwargs):
-        served = original(*args, **kwargs)
-        served.model.register_forward_pre_hook(lambda module, inputs: threads.add(threading.get_ident()))
-        threads.add(threading.get_ident())  # loading ran here
-        return served
-
-    registry._load = load_and_watch
     with TestClient(app) as client:
         text = "The castle was built"
         assert client.post("/generate", json={"inputs": text, "parameters": {"max_new_tokens": 4}}).status_code == 200
