@@ -1,28 +1,33 @@
 """Cog predictor: `cog predict -i prompt="..."`, on the same registry and engine as the HTTP server.
 
-One model page, three tasks. The output is always a stream of text (`ConcatenateIterator[str]`, so
+One model page, six tasks. The output is always a stream of text (`ConcatenateIterator[str]`, so
 completions stream token by token on Replicate); `task=attention` streams one item, the heatmap PNG
 as a `data:image/png;base64,...` URI (what cog itself returns for a file output when it has no upload
-URL), which `scripts/cog_predict.py` writes to a file.
+URL), which `scripts/cog_predict.py` writes to a file; `logit_lens`, `ablate` and `patch` stream one
+item, the JSON the /inspect routes answer.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
+from server import interp
 from server.config import Settings, default
 from server.errors import APIError
 from server.events import FinishEvent
 from server.inspection import attention, attention_png, fill_mask
 from server.registry import ModelRegistry
 from server.schemas.generation import GenerateParameters
+from server.schemas.interp import AblateRequest, LogitLensRequest, PatchRequest
 from server.service import fill_mask_models, find_model, prepare_completion, stream_sync
 
 AUTO = "auto"
+INSPECT = ["logit_lens", "ablate", "patch"]
 # the store's folders (validating, i.e. hashing, every checkpoint is setup()'s job, not the import's)
 MODELS = [AUTO, *sorted(p.parent.name for p in Settings().store.glob("*/config.json"))]
 CAP = default("max_new_tokens_cap")  # the inputs' bounds are the server's settings (raised there, checked again)
@@ -42,12 +47,14 @@ class Predictor(BasePredictor):
         self,
         prompt: str = Input(
             description="complete: the prompt. fill-mask: an Esperanto sentence with <mask>. "
-            "attention: the sentence whose attention to draw.",
+            "attention, logit_lens, ablate: the text to look inside. patch: the clean text.",
             min_length=1,
             max_length=default("max_prompt_chars"),
         ),
         task: str = Input(
-            default="complete", choices=["complete", "fill-mask", "attention"], description="What to do."
+            default="complete",
+            choices=["complete", "fill-mask", "attention", *INSPECT],
+            description="What to do (logit_lens, ablate, patch: JSON, as the /inspect routes answer).",
         ),
         model: str = Input(
             default=AUTO,
@@ -84,6 +91,12 @@ class Predictor(BasePredictor):
         top_n: int = Input(default=5, ge=1, le=50, description="fill-mask: candidates per mask."),
         layer: int = Input(default=-1, ge=-1, le=63, description="attention: layer to draw (-1 = all)."),
         head: int = Input(default=-1, ge=-1, le=63, description="attention: head to draw (-1 = all)."),
+        heads: str = Input(
+            default="each", max_length=10_000, description='ablate: JSON [[layer, head], ...], or "each" alone.'
+        ),
+        corrupt: str = Input(default="", max_length=default("max_prompt_chars"), description="patch: corrupt text."),
+        answer: str = Input(default="", max_length=100, description="patch: the clean answer, one token."),
+        foil: str = Input(default="", max_length=100, description="patch: the corrupt answer, one token."),
     ) -> ConcatenateIterator[str]:
         try:
             if task == "complete":
@@ -104,10 +117,15 @@ class Predictor(BasePredictor):
                 yield from self._complete(parameters, prompt)
             elif task == "fill-mask":
                 yield from self._fill_mask(model, prompt, top_n)
+            elif task in INSPECT:
+                model_id = None if model == AUTO else model
+                yield json.dumps(self._inspect(task, model_id, prompt, top_n, heads, corrupt, answer, foil))
             else:
                 yield self._attention(model, prompt, layer, head)
         except APIError as e:
             raise ValueError(e.message) from None  # cog reports it as the failure
+        except json.JSONDecodeError as e:
+            raise ValueError(f"heads: not JSON ({e})") from None
         except ValidationError as e:  # the same request rules as the HTTP API
             raise ValueError(
                 "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
@@ -140,3 +158,21 @@ class Predictor(BasePredictor):
             attention, m, prompt, None if layer < 0 else [layer], None if head < 0 else [head]
         )
         return "data:image/png;base64," + base64.b64encode(attention_png(result)).decode()
+
+    def _inspect(
+        self, task: str, model_id: str | None, text: str, top_n: int, heads: str, corrupt: str, answer: str, foil: str
+    ) -> dict:
+        """The /inspect routes' requests, validated by their schemas, answered by the same functions."""
+        compute, settings = self.registry.compute, self.settings
+        if task == "logit_lens":
+            lens = LogitLensRequest(model=model_id, text=text, top_k=min(top_n, 10))
+            m = find_model(self.registry, lens.model, None if lens.model else "gpt", "model")
+            return interp.logit_lens(compute, m, lens.text, lens.top_k, settings)
+        if task == "ablate":
+            chosen = "each" if heads.strip() == "each" else json.loads(heads)
+            body = AblateRequest(model=model_id, text=text, heads=chosen, top_k=min(top_n, 10))
+            m = find_model(self.registry, body.model, "gpt", "model")
+            return interp.ablate(compute, m, body.text, body.heads, body.top_k, settings)
+        body = PatchRequest(model=model_id, clean=text, corrupt=corrupt, answer=answer, foil=foil)
+        m = find_model(self.registry, body.model, "gpt", "model")
+        return interp.patch(compute, m, body.clean, body.corrupt, body.answer, body.foil, settings)

@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     max_prompt_tokens: int = Field(
         32_768, ge=1, description="longer prompts sent as token ids are refused (422), before any id is checked"
     )
+    max_inspect_tokens: int = Field(
+        65_536,
+        ge=1,
+        description="looking inside a model (/inspect/*): forward passes x tokens per request; above it a 422",
+    )
     truncate_prompt: bool = Field(
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )

@@ -54,8 +54,13 @@ def error_response(request: Request, status: int, message: str, error_type: str,
     return JSONResponse(body, status, headers=headers)
 
 
+UNION_TAGS = {"str", "int", "float", "bool", "none"}  # how pydantic names a union's member in an error's loc
+
+
 def _field_name(loc: tuple) -> str:
+    """The field as the client wrote it: no request part, no union member (`heads.list[list[int]]` is `heads`)."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    parts = [p for p in parts if "[" not in p and p not in UNION_TAGS]
     return ".".join(parts) or "body"
 
 

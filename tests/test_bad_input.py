@@ -40,8 +40,12 @@ RAW_BODIES = [
 
 @pytest.mark.parametrize("body", RAW_BODIES, ids=range(len(RAW_BODIES)))
 @pytest.mark.parametrize(
-    "path", ["/generate", "/generate_stream", "/v1/completions", "/fill-mask", "/attention", "/score"]
-)
+    "path",
+    [
+        "/generate", "/generate_stream", "/v1/completions", "/fill-mask", "/attention", "/score",
+        "/inspect/logit-lens", "/inspect/ablate", "/inspect/patch",
+    ],
+)  # fmt: skip
 def test_nasty_body_gets_a_clear_4xx(client, path, body):
     r = client.post(path, content=body, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
@@ -68,6 +72,11 @@ def test_nasty_body_gets_a_clear_4xx(client, path, body):
         ("/attention", {"model": "tiny-mlm-softmax0", "text": "x", "layers": []}, 422, "layers"),
         ("/fill-mask", {"inputs": "<mask> " * 500}, 422, "inputs"),
         ("/attention", {"model": "tiny-gpt", "text": "long " * 1000}, 422, "text"),
+        ("/inspect/logit-lens", {"model": "../../etc/passwd", "text": "x"}, 404, "model"),
+        ("/inspect/ablate", {"text": "x", "heads": [[0, -1]]}, 422, "heads[0]"),
+        ("/inspect/ablate", {"text": "x", "heads": [[0, 1, 2]]}, 422, "heads[0]"),
+        ("/inspect/patch", {"clean": "x", "corrupt": "x", "answer": "x", "foil": "x\x00"}, 422, "foil"),
+        ("/inspect/logit-lens", {"model": "tiny-mlm-softmax0", "text": "long " * 1000}, 422, "text"),
         ("/generate", {"inputs": "x" * 30_000}, 422, "inputs"),
         ("/generate", {"inputs": "x", "parameters": {"top_k": 0}}, 422, "parameters.top_k"),
         ("/generate", {"inputs": "x", "parameters": {"repetition_penalty": 0}}, 422, "parameters.repetition_penalty"),
@@ -93,6 +102,7 @@ def test_caps_apply_instead_of_failing(client):
         ("/v1/completions", {"model": "tiny-gpt", "prompt": "a\x00"}, "prompt"),
         ("/fill-mask", {"inputs": "<mask>\x00"}, "inputs"),
         ("/score", {"text": "\x00"}, "text"),
+        ("/inspect/logit-lens", {"text": "\x00"}, "text"),
     ],
 )
 def test_nul_characters_are_refused(client, path, body, field):

@@ -105,6 +105,33 @@ def test_fill_mask_and_attention_tasks(cog_server):
     assert base64.b64decode(uri.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, cog_store):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.config import Settings
+
+    def cog(**inputs):
+        return httpx.post(f"{cog_server}/predictions", json={"input": inputs}, timeout=60).json()
+
+    lens = cog(prompt="The castle was", task="logit_lens", top_n=3)
+    ablate = cog(prompt="The castle was", task="ablate", heads="[[0, 1]]", top_n=3)
+    patch = cog(prompt="The town was", task="patch", corrupt="The river was", answer=" the", foil=" of")
+    with TestClient(create_app(Settings(store=cog_store))) as c:
+        assert json.loads("".join(lens["output"])) == c.post(
+            "/inspect/logit-lens", json={"text": "The castle was", "top_k": 3}
+        ).json()
+        assert json.loads("".join(ablate["output"])) == c.post(
+            "/inspect/ablate", json={"text": "The castle was", "heads": [[0, 1]], "top_k": 3}
+        ).json()
+    grid = json.loads("".join(patch["output"]))["grid"]
+    assert len(grid) == 2 and len(grid[0]) == len(json.loads("".join(patch["output"]))["tokens"])
+    missing = cog(prompt="The town was", task="patch", answer=" the", foil=" of")
+    assert missing["status"] == "failed" and "corrupt" in missing["error"]
+    bad = cog(prompt="The town was", task="ablate", heads="[[9, 0]]")
+    assert bad["status"] == "failed" and "heads[0]" in bad["error"]
+
+
 def test_out_of_range_input_is_422(cog_server):
     r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "x", "top_p": 5}})
     assert r.status_code == 422 and "top_p" in r.text and "maximum" in r.text

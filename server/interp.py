@@ -1,0 +1,200 @@
+"""Looking inside a served model: the logit lens, head ablation and activation patching.
+
+Declarative requests (never code) over the decoder's named points (models/interp.py), so every family
+on the project's decoder has them; masked LMs get the logit lens. Each runs in float32 from the
+checkpoint's weights, on the compute thread, in slices of at most SLICE_TOKENS tokens queued one by one
+from the caller's thread (a worker thread for the routes): decode steps run between two slices, so
+completions keep streaming meanwhile. A request's cost is its forward passes
+times its tokens, capped by `max_inspect_tokens`.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from model_store import GPT, load_gpt
+from models import interp
+from server.compute import ComputeThread
+from server.config import Settings
+from server.errors import APIError
+from server.inspection import gpt_ids, mlm_encoding
+from server.registry import ServedModel
+
+SLICE_TOKENS = 4096  # tokens per forward pass between two decode steps
+MAX_HEADS = 256  # [layer, head] pairs ablated together
+
+
+@functools.lru_cache(maxsize=2)
+def float32_decoder(folder: Path, context_length: int) -> GPT:
+    """The checkpoint's weights in float32 on the CPU (the served copy may be bf16, int8 or on a GPU)."""
+    return load_gpt(folder, "cpu", torch.float32, context_length)[0]
+
+
+def decoder_of(m: ServedModel) -> GPT:
+    """The model these passes read: the served one where it is float32 on the CPU, else a float32 copy."""
+    if not isinstance(m.model, GPT):
+        rule = f"{m.id} is served by transformers' own code; looking inside needs a model on the project's decoder"
+        raise APIError(422, f"model: {rule}", "model")
+    plain = all(p.dtype == torch.float32 and p.device.type == "cpu" for p in m.model.parameters())
+    plain = plain and all(type(b.attn.proj) is torch.nn.Linear for b in m.model.blocks)
+    return m.model if plain else float32_decoder(m.folder, m.context_length)
+
+
+def check_cost(passes: int, tokens: int, settings: Settings, field: str) -> None:
+    cost = passes * tokens
+    if cost > settings.max_inspect_tokens:
+        raise APIError(
+            422,
+            f"{field}: {passes} forward passes x {tokens} tokens = {cost:,} tokens; the limit is "
+            f"{settings.max_inspect_tokens:,} (TINYSERVE_MAX_INSPECT_TOKENS): a shorter text or fewer passes",
+            field,
+        )
+
+
+def top_tokens(m: ServedModel, logprobs: torch.Tensor, k: int) -> list[dict]:
+    """(V,) log-probabilities -> the k most likely tokens with their probabilities."""
+    values, ids = logprobs.topk(k)
+    return [
+        {"id": i, "token": m.tokenizer.decode([i]), "prob": p}
+        for i, p in zip(ids.tolist(), values.exp().tolist(), strict=True)
+    ]
+
+
+def single_token(m: ServedModel, text: str, field: str) -> int:
+    """A word that must be one token of the model's vocabulary (its start-of-sequence tokens not counted)."""
+    ids = m.tokenizer.encode(text)[len(m.tokenizer.prefix) :]
+    if len(ids) != 1:
+        raise APIError(422, f"{field}: {text!r} is {len(ids)} tokens {ids}; it must be exactly one", field)
+    return ids[0]
+
+
+def logit_lens(compute: ComputeThread, m: ServedModel, text: str, top_k: int, settings: Settings) -> dict:
+    """Each layer's residual stream read by the model's own final norm and unembedding."""
+    run = slices(compute)
+    if m.kind == "mlm":
+        enc = mlm_encoding(m, text, "text")
+        ids = enc["input_ids"][0].tolist()
+        check_cost(1, len(ids), settings, "text")
+        lens = lambda: interp.mlm_logit_lens(float32_mlm(m), enc["input_ids"], enc["attention_mask"])  # noqa: E731
+    else:
+        ids = gpt_ids(m, text, "text")
+        check_cost(1, len(ids), settings, "text")
+        lens = lambda: interp.logit_lens(decoder_of(m), torch.tensor([ids]))  # noqa: E731
+    layers = run(lambda: [[top_tokens(m, row, top_k) for row in layer] for layer in lens()])
+    return {"model": m.id, "tokens": [m.tokenizer.decode([i]) for i in ids], "layers": layers}
+
+
+def ablate(
+    compute: ComputeThread, m: ServedModel, text: str, heads: list[list[int]] | str, top_k: int, settings: Settings
+) -> dict:
+    """The next-token distribution at the last position with heads zeroed before the output projection."""
+    run = slices(compute)
+    ids = gpt_ids(m, text, "text")
+    model = run(lambda: decoder_of(m))
+    L, (H, _) = len(model.blocks), interp.heads_z(model)
+    if heads == "each":
+        ablated = [[(layer, head)] for layer in range(L) for head in range(H)]
+    else:
+        if not 1 <= len(heads) <= MAX_HEADS:
+            raise APIError(422, f'heads: give 1 to {MAX_HEADS} [layer, head] pairs, or "each"', "heads")
+        for i, pair in enumerate(heads):
+            if len(pair) != 2 or not (0 <= pair[0] < L and 0 <= pair[1] < H):
+                rule = f"{pair} is not a [layer, head] of model {m.id} (layers 0-{L - 1}, heads 0-{H - 1})"
+                raise APIError(422, f"heads[{i}]: {rule}", f"heads[{i}]")
+        ablated = [[tuple(pair) for pair in heads]]
+    rows = [[], *ablated]  # row 0: nothing ablated
+    check_cost(len(rows), len(ids), settings, "heads")
+
+    def batch(part: list[list[tuple[int, int]]]) -> torch.Tensor:
+        keep = torch.ones(len(part), L, H)
+        for r, pairs in enumerate(part):
+            for layer, head in pairs:
+                keep[r, layer, head] = 0
+        return interp.ablated(model, torch.tensor([ids]), keep)
+
+    n = max(1, SLICE_TOKENS // len(ids))
+    logp = [run(lambda p=rows[i : i + n]: batch(p)) for i in range(0, len(rows), n)]
+
+    def summary() -> tuple[list[dict], list[float], list[dict]]:
+        every = torch.cat(logp)  # (R, V)
+        kl = (every[0].exp() * (every[0] - every[1:])).sum(-1).clamp(min=0)  # KL(base || each ablated row)
+        return top_tokens(m, every[0], top_k), kl.tolist(), top_tokens(m, every[1], top_k)
+
+    base, kl, first = run(summary)
+    out = {"model": m.id, "tokens": [m.tokenizer.decode([i]) for i in ids], "base": base}
+    if heads == "each":
+        return {**out, "each": [kl[layer * H : (layer + 1) * H] for layer in range(L)]}
+    return {**out, "ablated": first, "kl": kl[0]}
+
+
+def patch(
+    compute: ComputeThread, m: ServedModel, clean: str, corrupt: str, answer: str, foil: str, settings: Settings
+) -> dict:
+    """logit(answer) - logit(foil) at the last position of the corrupt run, with the residual stream
+    before each block at each position replaced by the clean run's there."""
+    run = slices(compute)
+    clean_ids, corrupt_ids = gpt_ids(m, clean, "clean"), gpt_ids(m, corrupt, "corrupt")
+    if len(clean_ids) != len(corrupt_ids):
+        rule = f"{len(corrupt_ids)} tokens, clean {len(clean_ids)}; they must be the same number of tokens"
+        raise APIError(422, f"corrupt: {rule}", "corrupt")
+    a, f = single_token(m, answer, "answer"), single_token(m, foil, "foil")
+    model = run(lambda: decoder_of(m))
+    L, T = len(model.blocks), len(clean_ids)
+    check_cost(2 + L * T, T, settings, "clean")
+    x = torch.tensor([corrupt_ids])
+
+    def metric(logits: torch.Tensor) -> list[float]:
+        return (logits[..., a] - logits[..., f]).tolist()
+
+    def ends() -> tuple[list[float], torch.Tensor]:
+        clean_resid = interp.residual_streams(model, torch.tensor([clean_ids]))
+        both = torch.stack([interp.unembed(model, clean_resid[-1, -1]), plain_last(model, x)])
+        return metric(both.float()), clean_resid
+
+    (clean_m, corrupt_m), clean_resid = run(ends)
+    n = max(1, SLICE_TOKENS // T)
+    grid = []
+    for layer in range(L):
+        row: list[float] = []
+        for start in range(0, T, n):
+            positions = list(range(start, min(T, start + n)))
+            row += run(lambda p=positions, li=layer: metric(interp.patched(model, x, li, p, clean_resid[li])))
+        grid.append(row)
+    tokens = [m.tokenizer.decode([i]) for i in corrupt_ids]
+    return {"model": m.id, "tokens": tokens, "clean": clean_m, "corrupt": corrupt_m, "grid": grid}
+
+
+def plain_last(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """(1, T) -> (V,) logits at the last position."""
+    return model(ids, logits_at=torch.tensor([ids.shape[1] - 1])).logits[0, 0]
+
+
+def float32_mlm(m: ServedModel) -> torch.nn.Module:
+    """The served masked LM where it is float32 on the CPU, else a float32 copy of its checkpoint."""
+    if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in m.model.parameters()):
+        return m.model
+    return mlm_copy(m.folder)
+
+
+@functools.lru_cache(maxsize=2)
+def mlm_copy(folder: Path) -> torch.nn.Module:
+    from model_store import load_mlm
+
+    return load_mlm(folder, "cpu", torch.float32)[0].eval()
+
+
+def slices(compute: ComputeThread):
+    """Run one slice on the compute thread, under inference mode, and wait for it (from a worker thread:
+    decode steps run between two slices)."""
+
+    def run(fn):
+        def inside():
+            with torch.inference_mode():
+                return fn()
+
+        return compute.call(inside)
+
+    return run
