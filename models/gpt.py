@@ -305,38 +305,32 @@ class GPT(nn.Module):
         return_attention: bool = False,
         logits_at: torch.Tensor | None = None,  # (B,) one index per row: only its logits, (B, 1, vocab)
         fused_attention: bool = True,  # False: the explicit product, which a compiler fuses into a one-token step
+        resid_pre: tuple[int, torch.Tensor] | None = None,  # (l, (B, T, C)): start at block l from this residual
     ) -> GPTOutput:
         B, T = idx.shape
         if input_pos is None:  # the tokens alone, at positions 0..T-1, causal
-            positions = torch.arange(T, device=idx.device).expand(B, T)
-            return self._blocks(idx, positions, None, None, return_attention, fused_attention, targets, logits_at)
-        if cache is None:
+            positions, mask, cache = torch.arange(T, device=idx.device).expand(B, T), None, None
+        elif cache is None:
             raise ValueError("input_pos needs the cache to write to (GPT.new_cache)")
-        mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
-        return self._blocks(idx, input_pos, mask, cache, return_attention, fused_attention, targets, logits_at)
+        else:
+            positions = input_pos
+            mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
+        args = positions, mask, cache, return_attention, fused_attention
+        return self._blocks(idx, *args, targets, logits_at, resid_pre)
 
     def _blocks(
-        self, idx, position_ids, mask, kv_cache, return_attention, fused_attention, targets, logits_at
+        self, idx, position_ids, mask, kv_cache, return_attention, fused_attention, targets, logits_at, resid_pre
     ) -> GPTOutput:
-        """Embeddings, the blocks, the LM head (and the loss when targets are given)."""
-        x = self.tok_emb(idx)  # (B, T, C)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.d_model)  # as in the paper
-        if self.config.positions == "sinusoidal":
-            if kv_cache is not None or idx.shape[1] <= self.pe_table.shape[0]:  # cached positions < context
-                x = x + self.pe_table[position_ids].to(x.dtype)
-            else:  # past the training context: computed on the fly
-                x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
-        elif self.config.positions == "learned":
-            x = x + self.pos_emb(position_ids)
-        x = self.drop(x)  # "rope" rotates queries and keys inside attention instead
+        """Embeddings (or the residual stream given before a block), the blocks, the LM head (and the loss
+        when targets are given)."""
+        first, x = resid_pre if resid_pre is not None else (0, self._embed(idx, position_ids, kv_cache))
         rotation = None
         if self.config.positions == "rope":
             c = self.config
             inv_freq = inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling, idx.device)
             rotation = rope_rotation(position_ids, c.rotated_channels, x.dtype, inv_freq)
         attentions = [] if return_attention else None
-        for layer, block in enumerate(self.blocks):
+        for layer, block in enumerate(self.blocks[first:], start=first):
             x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)
@@ -348,6 +342,20 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         return GPTOutput(logits=logits, loss=loss, attentions=attentions)
+
+    def _embed(self, idx: torch.Tensor, position_ids: torch.Tensor, kv_cache: StaticKVCache | None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, C): the residual stream before the first block."""
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)  # as in the paper
+        if self.config.positions == "sinusoidal":
+            if kv_cache is not None or idx.shape[1] <= self.pe_table.shape[0]:  # cached positions < context
+                x = x + self.pe_table[position_ids].to(x.dtype)
+            else:  # past the training context: computed on the fly
+                x = x + sinusoidal_encoding(position_ids, self.config.d_model).to(x.dtype)
+        elif self.config.positions == "learned":
+            x = x + self.pos_emb(position_ids)
+        return self.drop(x)  # "rope" rotates queries and keys inside attention instead
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, params: SamplingParams) -> torch.Tensor:  # (1, T) -> (1, N)

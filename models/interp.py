@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from models.gpt import GPT
+from models.kv_cache import StaticKVCache
 
 PreHook = Callable[[nn.Module, tuple], tuple | None]
 PostHook = Callable[[nn.Module, tuple, object], object]
@@ -92,21 +93,53 @@ def ablated(model: GPT, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(out.logits[:, 0].double(), dim=-1)
 
 
-def patched(model: GPT, ids: torch.Tensor, layer: int, positions: list[int], clean_resid: torch.Tensor) -> torch.Tensor:
-    """Run `ids` (1, T) once per position, each run with its position's residual stream before block
-    `layer` replaced by clean_resid (T, C) there (resid_pre patching) -> (len(positions), V) logits at
-    the last position."""
+def corrupt_run(model: GPT, ids: torch.Tensor) -> tuple[torch.Tensor, StaticKVCache]:
+    """(1, T) ids -> their residual streams (n_layer + 1, T, C) and the KV cache they wrote: what patched
+    runs start from."""
+    cache = model.new_cache(1, ids.shape[1])
+    seen: list[torch.Tensor] = []
+
+    def before(module: nn.Module, args: tuple) -> None:
+        seen.append(args[0][0])
+
+    def after(module: nn.Module, args: tuple, output: tuple) -> None:
+        seen.append(output[0][0])
+
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    with hooked({block: before for block in model.blocks}, {model.blocks[-1]: after}):
+        model(ids, input_pos=positions, cache=cache, logits_at=torch.tensor([ids.shape[1] - 1], device=ids.device))
+    return torch.stack(seen), cache
+
+
+def patched(
+    model: GPT,
+    ids: torch.Tensor,
+    layer: int,
+    positions: list[int],
+    clean_resid: torch.Tensor,
+    corrupt: tuple[torch.Tensor, StaticKVCache],
+) -> torch.Tensor:
+    """The corrupt run `ids` (1, T) once per position, each with its position's residual stream before
+    block `layer` replaced by the clean run's there (clean_resid (T, C)) -> (len(positions), V) logits at
+    the last position.
+
+    A run starts at block `layer` from the corrupt residual stream (corrupt_run), and at the first
+    patched position: the positions before it, and every block before `layer`, compute what the corrupt
+    run computed, whose keys and values the cache holds (causal masking only; else every position)."""
+    resid, cache = corrupt
     R, T = len(positions), ids.shape[1]
-    rows = torch.arange(R, device=ids.device)
+    start = min(positions) if model.config.masking == "causal" else 0
+    x = resid[layer, start:].expand(R, T - start, -1).clone()  # (R, T - start, C)
     at = torch.tensor(positions, device=ids.device)
-
-    def patch(module: nn.Module, args: tuple) -> tuple:
-        x = args[0].clone()  # (R, T, C)
-        x[rows, at] = clean_resid[at].to(x.dtype)
-        return (x, *args[1:])
-
-    with hooked({model.blocks[layer]: patch}):
-        out = model(ids.expand(R, T), logits_at=torch.full((R,), T - 1, device=ids.device))
+    x[torch.arange(R, device=ids.device), at - start] = clean_resid[at].to(x.dtype)
+    rows = StaticKVCache([[b.expand(R, *b.shape[1:]).clone() for b in layer_bufs] for layer_bufs in cache.buffers])
+    out = model(
+        ids[:, start:].expand(R, T - start),
+        input_pos=torch.arange(start, T, device=ids.device).expand(R, T - start),
+        cache=rows,
+        logits_at=torch.full((R,), T - start - 1, device=ids.device),
+        resid_pre=(layer, x),
+    )
     return out.logits[:, 0].float()
 
 

@@ -23,7 +23,7 @@ from server.errors import APIError
 from server.inspection import gpt_ids, mlm_encoding
 from server.registry import ServedModel
 
-SLICE_TOKENS = 4096  # tokens per forward pass between two decode steps
+SLICE_TOKENS = 512  # tokens per forward pass between two decode steps (a slice of ~40 ms for the shipped GPT)
 MAX_HEADS = 256  # [layer, head] pairs ablated together
 
 
@@ -149,27 +149,23 @@ def patch(
     def metric(logits: torch.Tensor) -> list[float]:
         return (logits[..., a] - logits[..., f]).tolist()
 
-    def ends() -> tuple[list[float], torch.Tensor]:
+    def ends() -> tuple[list[float], torch.Tensor, tuple]:
         clean_resid = interp.residual_streams(model, torch.tensor([clean_ids]))
-        both = torch.stack([interp.unembed(model, clean_resid[-1, -1]), plain_last(model, x)])
-        return metric(both.float()), clean_resid
+        corrupt = interp.corrupt_run(model, x)
+        both = interp.unembed(model, torch.stack([clean_resid[-1, -1], corrupt[0][-1, -1]]))
+        return metric(both.float()), clean_resid, corrupt
 
-    (clean_m, corrupt_m), clean_resid = run(ends)
+    (clean_m, corrupt_m), clean_resid, corrupt = run(ends)
     n = max(1, SLICE_TOKENS // T)
     grid = []
     for layer in range(L):
         row: list[float] = []
         for start in range(0, T, n):
-            positions = list(range(start, min(T, start + n)))
-            row += run(lambda p=positions, li=layer: metric(interp.patched(model, x, li, p, clean_resid[li])))
+            p = list(range(start, min(T, start + n)))
+            row += run(lambda p=p, li=layer: metric(interp.patched(model, x, li, p, clean_resid[li], corrupt)))
         grid.append(row)
     tokens = [m.tokenizer.decode([i]) for i in corrupt_ids]
     return {"model": m.id, "tokens": tokens, "clean": clean_m, "corrupt": corrupt_m, "grid": grid}
-
-
-def plain_last(model: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """(1, T) -> (V,) logits at the last position."""
-    return model(ids, logits_at=torch.tensor([ids.shape[1] - 1])).logits[0, 0]
 
 
 def float32_mlm(m: ServedModel) -> torch.nn.Module:

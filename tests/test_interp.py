@@ -153,14 +153,17 @@ def test_head_ablation_equals_transformers_hooks(ours_and_theirs, family):
 def test_activation_patching_equals_transformers_hooks(ours_and_theirs, family):
     ours, theirs = ours_and_theirs(family)
     clean, corrupt, answer, foil = IDS, [*IDS[:3], 99, *IDS[4:]], 7, 11
+    x = torch.tensor([corrupt])
     with torch.no_grad():
         streams = interp.residual_streams(ours, torch.tensor([clean]))
-        grid = [
-            (lambda logits: (logits[:, answer] - logits[:, foil]).tolist())(
-                interp.patched(ours, torch.tensor([corrupt]), layer, list(range(len(IDS))), streams[layer])
-            )
-            for layer in range(ours.config.n_layer)
-        ]
+        run = interp.corrupt_run(ours, x)
+        grid = []
+        for layer in range(ours.config.n_layer):  # in two slices: the second starts past the first positions
+            row = []
+            for part in (list(range(4)), list(range(4, len(IDS)))):
+                logits = interp.patched(ours, x, layer, part, streams[layer], run)
+                row += (logits[:, answer] - logits[:, foil]).tolist()
+            grid.append(row)
     expected = reference_patch(theirs, clean, corrupt, answer, foil)
     torch.testing.assert_close(torch.tensor(grid), torch.tensor(expected), atol=1e-4, rtol=0)
     assert grid[0][3] != pytest.approx(grid[0][2], abs=1e-4)  # patching the changed position matters
