@@ -3,6 +3,7 @@
 import { $, get, post, showError, token } from "./api.js";
 import { drawHeadGrid, drawHeatmap } from "./attention.js";
 import { showCard } from "./card.js";
+import { drawAblated, drawEachHead, drawLens, drawPatch } from "./inside.js";
 import { REQUESTS, defaultCompletionModel, served } from "./requests.js";
 import { applyState, linkFor, readState, stateOf } from "./share.js";
 import { snippets } from "./snippets.js";
@@ -37,6 +38,7 @@ async function loadModels() {
   };
   fill($("gen-model"), served.models.filter((m) => m.kind === "gpt"));
   fill($("att-model"), served.models);
+  fill($("in-model"), served.models);
   fill($("card-model"), served.models);
   updateLayerHead();
   try {
@@ -179,9 +181,37 @@ async function pickHead(head) {
   link.hidden = false;
 }
 
+// ---- looking inside: logit lens, head ablation, activation patching ----------------------------
+
+/** The form's rows for the view chosen (heads for ablation; corrupt text, answer and foil for patching). */
+function showViewFields() {
+  const view = $("in-view").value;
+  for (const el of document.querySelectorAll(".only-ablate")) el.hidden = view !== "ablate";
+  for (const el of document.querySelectorAll(".only-patch")) el.hidden = view !== "patch";
+}
+
+async function lookInside() {
+  const request = REQUESTS.inside();
+  const data = await (await post(request.path, request.body)).json();
+  const box = $("inside-result");
+  const info = $("inside-info");
+  if (request.path.endsWith("logit-lens")) drawLens(box, info, data);
+  else if (request.path.endsWith("patch")) drawPatch(box, info, data);
+  else if (data.each) {
+    drawEachHead(box, info, data, (layer, head) => { // a head of the grid: ablate it alone
+      $("in-heads").value = JSON.stringify([[layer, head]]);
+      updateApiPanel();
+      run("inside");
+    });
+  } else drawAblated(box, info, data, request.body.heads);
+}
+
 // ---- tabs, the API panel, sharing, examples ---------------------------------------------------
 
-const RUN = { complete: generate, fillmask: fillMask, attention: showAttention, card: () => showCard($("card-body"), $("card-model").value) };
+const RUN = {
+  complete: generate, fillmask: fillMask, attention: showAttention, inside: lookInside,
+  card: () => showCard($("card-body"), $("card-model").value),
+};
 
 /** Run a tab's request; the URL then holds its inputs, ready to share. */
 async function run(tab) {
@@ -196,7 +226,7 @@ async function run(tab) {
 }
 
 function selectTab(name, showCardNow = true) {
-  const modelOf = { complete: "gen-model", attention: "att-model" };
+  const modelOf = { complete: "gen-model", attention: "att-model", inside: "in-model" };
   if (name === "card" && modelOf[currentTab()]) $("card-model").value = $(modelOf[currentTab()]).value;
   for (const b of document.querySelectorAll("nav .tab")) {
     b.classList.toggle("active", b.dataset.tab === name);
@@ -288,13 +318,18 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   for (const b of document.querySelectorAll("nav .tab")) b.addEventListener("click", () => selectTab(b.dataset.tab));
   bindSliders();
-  for (const [tab, form] of [["complete", "complete-form"], ["fillmask", "fillmask-form"], ["attention", "attention-form"], ["card", "card-form"]]) {
+  const forms = [["complete", "complete-form"], ["fillmask", "fillmask-form"], ["attention", "attention-form"],
+    ["inside", "inside-form"], ["card", "card-form"]];
+  for (const [tab, form] of forms) {
     $(form).addEventListener("submit", (event) => { event.preventDefault(); run(tab); });
     $(form).addEventListener("input", updateApiPanel);
     $(form).addEventListener("change", updateApiPanel);
   }
   $("stop").addEventListener("click", () => generation && generation.abort());
   $("att-model").addEventListener("change", updateLayerHead);
+  $("in-view").addEventListener("change", showViewFields);
+  $("in-view").addEventListener("input", showViewFields);
+  showViewFields();
   $("att-head").addEventListener("change", () => { // the layer on screen: enlarge another of its heads
     const shown = layerView && layerView.model === $("att-model").value && layerView.text === $("att-text").value
       && String(layerView.layers[0]) === $("att-layer").value;

@@ -13,6 +13,10 @@ export const FIELDS = {
   },
   fillmask: { text: "mask-text", top_k: "mask-topk" },
   attention: { model: "att-model", layer: "att-layer", head: "att-head", text: "att-text" },
+  inside: {
+    model: "in-model", view: "in-view", text: "in-text", heads: "in-heads", corrupt: "in-corrupt", answer: "in-answer",
+    foil: "in-foil",
+  },
   card: { model: "card-model" },
 };
 
@@ -45,12 +49,38 @@ export function attentionRequest() {
   return { path: "/attention", body: { model: $("att-model").value, text: $("att-text").value, layers: [num("att-layer")] } };
 }
 
+/** "each", or the [[layer, head], ...] typed (sent as typed when it is not JSON: the API names the field). */
+function headsField() {
+  const text = $("in-heads").value.trim();
+  if (text === "each") return "each";
+  try {
+    return JSON.parse(text);
+  } catch (_) {
+    return text;
+  }
+}
+
+/** POST /inspect/logit-lens, /inspect/ablate or /inspect/patch, by the view chosen. */
+export function insideRequest() {
+  const model = $("in-model").value;
+  const text = $("in-text").value;
+  const view = $("in-view").value;
+  if (view === "ablate") return { path: "/inspect/ablate", body: { model, text, heads: headsField() } };
+  if (view === "patch") {
+    const body = { model, clean: text, corrupt: $("in-corrupt").value, answer: $("in-answer").value, foil: $("in-foil").value };
+    return { path: "/inspect/patch", body };
+  }
+  return { path: "/inspect/logit-lens", body: { model, text } };
+}
+
 /** GET /models/{id}: the selected model's summary, configuration and card. */
 export function cardRequest() {
   return { path: `/models/${encodeURIComponent($("card-model").value)}`, body: null };
 }
 
-export const REQUESTS = { complete: completionRequest, fillmask: fillMaskRequest, attention: attentionRequest, card: cardRequest };
+export const REQUESTS = {
+  complete: completionRequest, fillmask: fillMaskRequest, attention: attentionRequest, inside: insideRequest, card: cardRequest,
+};
 
 /** The first completion model: what POST / and /generate use when a request names none. */
 export function defaultCompletionModel() {

@@ -90,6 +90,14 @@ function cogSnippet(tab, { body }) {
     inputs.push(["task", "fill-mask"], ["prompt", body.inputs], ["top_n", body.top_k]);
   } else if (tab === "attention") {
     inputs.push(["task", "attention"], ["prompt", body.text], ["model", body.model], ["layer", body.layers[0]]);
+  } else if (tab === "inside" && body.heads !== undefined) {
+    const heads = body.heads === "each" ? "each" : JSON.stringify(body.heads);
+    inputs.push(["task", "ablate"], ["prompt", body.text], ["model", body.model], ["heads", heads]);
+  } else if (tab === "inside" && body.clean !== undefined) {
+    inputs.push(["task", "patch"], ["prompt", body.clean], ["model", body.model], ["corrupt", body.corrupt],
+      ["answer", body.answer], ["foil", body.foil]);
+  } else if (tab === "inside") {
+    inputs.push(["task", "logit_lens"], ["prompt", body.text], ["model", body.model]);
   } else {
     return null;
   }
