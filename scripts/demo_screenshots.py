@@ -29,13 +29,34 @@ def shoot_attention(page, model: str, layer: int, head: int, text: str, hover_ce
     page.screenshot(path=path, full_page=True)
 
 
+# the worked example of docs/LOOKING_INSIDE.md: the year the shipped GPT copies
+YEAR_CLEAN = "In 1990 , the band released its first album , and in"
+YEAR_CORRUPT = "In 2005 , the band released its first album , and in"
+
+
+def shoot_inside(page, out: Path) -> None:
+    """The Look inside tab's three views on the shipped GPT: logit lens, each head's ablation, patching."""
+    page.click("button[data-tab=inside]")
+    page.select_option("#in-model", "gpt-wikitext2")
+    page.fill("#in-text", YEAR_CLEAN)
+    for view, fields in (("lens", {}), ("ablate", {"heads": "each"}),
+                         ("patch", {"corrupt": YEAR_CORRUPT, "answer": " 1990", "foil": " 2005"})):  # fmt: skip
+        page.select_option("#in-view", view)
+        for name, value in fields.items():
+            page.fill(f"#in-{name}", value)
+        page.evaluate("document.querySelector('#inside-result').replaceChildren()")
+        page.click("#look")
+        page.wait_for_selector("#inside-result table")
+        page.locator("#inside").screenshot(path=out / f"demo-inside-{view}.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    with http_server(STORE_ROOT) as (base, _), sync_playwright() as p:
+    with http_server(STORE_ROOT, ready_after="all") as (base, _), sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1200, "height": 860})
         page.goto(base + "/")
@@ -61,6 +82,7 @@ def main() -> None:
                         args.out / "demo-attention.png")  # fmt: skip
         shoot_attention(page, "esperberto-softmax1", 3, 0, "La suno brilas hodiaŭ super la granda urbo.", 12,
                         args.out / "demo-attention-esperberto.png")  # fmt: skip
+        shoot_inside(page, args.out)
         page.click("button[data-tab=card]")
         page.select_option("#card-model", "gpt-wikitext2")
         page.wait_for_function(
@@ -68,7 +90,7 @@ def main() -> None:
         )
         page.screenshot(path=args.out / "demo-card.png")
         browser.close()
-    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto,card}}.png")
+    print(f"wrote {args.out}/demo-{{completion,fill-mask,attention,attention-esperberto,inside-*,card}}.png")
 
 
 if __name__ == "__main__":

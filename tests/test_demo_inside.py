@@ -24,7 +24,7 @@ def test_the_logit_lens_is_a_layers_by_positions_table_and_its_api_call(page, tm
     page.wait_for_selector("#inside-result table")
     columns = [c.text_content() for c in page.query_selector_all("#inside-result th.column")]
     rows = [r.text_content() for r in page.query_selector_all("#inside-result th.row-label")]
-    assert rows == ["embedding", "block 0", "block 1"] and len(columns) > 2
+    assert rows == ["embedding", "after block 0", "after block 1"] and len(columns) > 2
     cells = page.query_selector_all("#inside-result td.value")
     assert len(cells) == len(rows) * len(columns)
     assert all(0 < float(c.get_attribute("data-value")) <= 1 for c in cells)

@@ -41,7 +41,7 @@ function coloured(text, value, title) {
 /** POST /inspect/logit-lens: row l = the residual stream after the embedding (0) or after block l - 1. */
 export function drawLens(box, info, data) {
   const rows = data.layers.map((layer, l) => [
-    l === 0 ? "embedding" : `block ${l - 1}`,
+    l === 0 ? "embedding" : `after block ${l - 1}`,
     layer.map((preds, t) => coloured(preds[0].token, preds[0].prob,
       `after ${JSON.stringify(data.tokens[t])}, ${l === 0 ? "the embedding" : `block ${l - 1}`}: ${top(preds)}`)),
   ]);
