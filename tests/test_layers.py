@@ -69,7 +69,9 @@ def server_layer(module: str) -> int:
     part = module.split(".")[1] if "." in module else "__init__"
     if part == "__init__":
         return 0  # the package itself holds no code
-    return next(i for i, layer in enumerate(SERVER_LAYERS) if part in layer)
+    layer = next((i for i, names in enumerate(SERVER_LAYERS) if part in names), None)
+    assert layer is not None, f"server.{part} is in no layer of SERVER_LAYERS: place it there"
+    return layer
 
 
 def test_server_modules_import_only_the_layers_below_them():
