@@ -152,7 +152,7 @@ class Predictor(BasePredictor):
 
     def _attention(self, model_id: str, prompt: str, layer: int, head: int) -> str:
         m = find_model(
-            self.registry, None if model_id == AUTO else model_id, "gpt" if model_id == AUTO else None, "model"
+            self.registry, None if model_id == AUTO else model_id, "causal" if model_id == AUTO else None, "model"
         )
         result = self.registry.compute.call(
             attention, m, prompt, None if layer < 0 else [layer], None if head < 0 else [head]
@@ -166,13 +166,13 @@ class Predictor(BasePredictor):
         compute, settings = self.registry.compute, self.settings
         if task == "logit_lens":
             lens = LogitLensRequest(model=model_id, text=text, top_k=min(top_n, 10))
-            m = find_model(self.registry, lens.model, None if lens.model else "gpt", "model")
+            m = find_model(self.registry, lens.model, None if lens.model else "causal", "model")
             return interp.logit_lens(compute, m, lens.text, lens.top_k, settings)
         if task == "ablate":
             chosen = "each" if heads.strip() == "each" else json.loads(heads)
             body = AblateRequest(model=model_id, text=text, heads=chosen, top_k=min(top_n, 10))
-            m = find_model(self.registry, body.model, "gpt", "model")
+            m = find_model(self.registry, body.model, "causal", "model")
             return interp.ablate(compute, m, body.text, body.heads, body.top_k, settings)
         body = PatchRequest(model=model_id, clean=text, corrupt=corrupt, answer=answer, foil=foil)
-        m = find_model(self.registry, body.model, "gpt", "model")
+        m = find_model(self.registry, body.model, "causal", "model")
         return interp.patch(compute, m, body.clean, body.corrupt, body.answer, body.foil, settings)

@@ -38,7 +38,7 @@ def rss_mb(pid: int) -> float:
 
 
 def requests_for(models: list[dict]) -> list[tuple[str, str, dict]]:
-    gpt = next(m["id"] for m in models if m["kind"] == "gpt")
+    gpt = next(m["id"] for m in models if m["kind"] == "causal")
     mix = [
         (
             "generate",
@@ -125,7 +125,7 @@ async def mixed_load(base: str, pid: int, clients: int, seconds: float, min_requ
 
 async def overload(base: str, burst: int) -> dict:
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=httpx.Limits(max_connections=burst)) as c:
-        gpt = next(m["id"] for m in (await c.get("/models")).json()["data"] if m["kind"] == "gpt")
+        gpt = next(m["id"] for m in (await c.get("/models")).json()["data"] if m["kind"] == "causal")
         body = {"inputs": "The", "parameters": {"model": gpt, "max_new_tokens": 64, "eos_bias": -1e9}}
 
         async def timed() -> tuple[int, float, str | None, int]:

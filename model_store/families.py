@@ -28,8 +28,8 @@ class MissingTensor(LookupError):
 
 @dataclass(frozen=True)
 class Family:
-    kind: str  # "gpt": our decoder (GPTRunner); "causal-lm": transformers (HFCausalLMRunner); "mlm": fill-mask
-    config: Callable[[dict, int | None], GPTConfig] | None = None  # transformers config -> ours (kind "gpt")
+    kind: str  # "decoder": our decoder (GPTRunner); "causal-lm": transformers (HFCausalLMRunner); "mlm": fill-mask
+    config: Callable[[dict, int | None], GPTConfig] | None = None  # transformers config -> ours (kind "decoder")
     weights: Callable[[dict[str, torch.Tensor], GPTConfig], dict[str, torch.Tensor]] | None = None
 
 
@@ -251,16 +251,16 @@ def with_head(out: dict, state: dict, config: GPTConfig, *names: str) -> dict[st
     return out
 
 
-OURS = Family("gpt")
+OURS = Family("decoder")
 TRANSFORMERS_CAUSAL_LM = Family("causal-lm")  # any other *ForCausalLM / *LMHeadModel: transformers, slow
-LLAMA = Family("gpt", llama_config, llama_weights)
+LLAMA = Family("decoder", llama_config, llama_weights)
 FAMILIES: dict[str, Family] = {
     "LlamaForCausalLM": LLAMA,
     "MistralForCausalLM": LLAMA,
     "Qwen2ForCausalLM": LLAMA,
     "Qwen3ForCausalLM": LLAMA,
-    "GPT2LMHeadModel": Family("gpt", gpt2_config, gpt2_weights),
-    "GPTNeoXForCausalLM": Family("gpt", neox_config, neox_weights),
+    "GPT2LMHeadModel": Family("decoder", gpt2_config, gpt2_weights),
+    "GPTNeoXForCausalLM": Family("decoder", neox_config, neox_weights),
     "RobertaForMaskedLM": Family("mlm"),
     "ModernBertForMaskedLM": Family("mlm"),
 }

@@ -33,7 +33,7 @@ from model_store.store import (
 
 # configs, weights, vocabulary, card, chat template
 COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".png", ".model", ".jinja")
-LOADERS = {"gpt": load_gpt, "causal-lm": load_causal_lm, "mlm": load_mlm}
+LOADERS = {"decoder": load_gpt, "causal-lm": load_causal_lm, "mlm": load_mlm}
 
 
 def check_source(src: Path) -> str:
@@ -88,7 +88,7 @@ def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = N
         if not (dst / "metrics.json").exists():
             (dst / "metrics.json").write_text("{}\n")
         write_manifest(dst)
-        if architecture == "gpt":  # loads as the server will, or nothing is kept
+        if architecture == "decoder":  # loads as the server will, or nothing is kept
             load_gpt(dst, max_context=max_context)
         else:
             LOADERS[architecture](dst)

@@ -168,7 +168,7 @@ def validate(folder: Path) -> dict:
 
 
 def architecture_of(config: dict) -> str | None:
-    """'gpt' (served by our decoder: ours, or a family model_store/families.py maps onto it), 'causal-lm'
+    """'decoder' (served by our decoder: ours, or a family model_store/families.py maps onto it), 'causal-lm'
     (another transformers causal LM, served by transformers), 'mlm' (an EsperBERTo masked LM) or None."""
     family = family_of(config)
     return family.kind if family is not None else None
@@ -209,7 +209,7 @@ def load_gpt(
     its positions capped at max_context) in eval mode; shape mismatches name the tensor."""
     folder = Path(folder)
     config_dict = validate(folder)
-    if architecture_of(config_dict) != "gpt":
+    if architecture_of(config_dict) != "decoder":
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # cast one tensor at a time
@@ -271,7 +271,7 @@ def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torc
     from transformers import AutoModelForCausalLM
 
     return _load_transformers(
-        folder, ("gpt", "causal-lm"), AutoModelForCausalLM, device, dtype, attn_implementation="eager"
+        folder, ("decoder", "causal-lm"), AutoModelForCausalLM, device, dtype, attn_implementation="eager"
     )
 
 

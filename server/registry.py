@@ -39,8 +39,8 @@ class ModelLoadingError(LookupError):
 
 
 def kind_of(architecture: str | None) -> str | None:
-    """The family a checkpoint's architecture serves as: "gpt" (causal LMs), "mlm", or None (unsupported)."""
-    return "gpt" if architecture in CAUSAL_ARCHITECTURES else "mlm" if architecture == "mlm" else None
+    """What a checkpoint serves as: "causal" (any causal LM), "mlm", or None (unsupported)."""
+    return "causal" if architecture in CAUSAL_ARCHITECTURES else "mlm" if architecture == "mlm" else None
 
 
 @dataclass(kw_only=True)
@@ -48,7 +48,7 @@ class ServedModel:
     """A loaded model as every route sees it, whatever its family; shape figures are read at load."""
 
     id: str
-    kind: str  # "gpt": a causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask, attention
+    kind: str  # "causal": any causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask
     model: torch.nn.Module
     tokenizer: object  # the runner's codec for a causal LM, a transformers tokenizer for mlm
     folder: Path
@@ -90,7 +90,7 @@ class ModelRegistry:
         self.order = [info.id for info in infos]
         now = infos
         if self.settings.ready_after == "default":  # "all" and "compiled" load every model here
-            gpts = [info for info in infos if info.ok and kind_of(info.architecture) == "gpt"]
+            gpts = [info for info in infos if info.ok and kind_of(info.architecture) == "causal"]
             now = gpts[:1] or infos[:1]
         self._behind = [info for info in infos if info not in now]
         self.loading = {info.id: kind_of(info.architecture) or "" for info in self._behind}
@@ -148,7 +148,7 @@ class ModelRegistry:
     ) -> ServedModel:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
         kind = kind_of(arch)
-        if kind == "gpt":
+        if kind == "causal":
             s = self.settings
             runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb)
             f = runner.facts
@@ -237,7 +237,7 @@ class ModelRegistry:
     def _compilers(self) -> list[BackgroundCompiler]:
         """One compiler per compilable model: the default GPT, the default MLM, then the rest."""
         s = self.settings
-        defaults = [self.models_of(kind)[0].id for kind in ("gpt", "mlm") if self.models_of(kind)]
+        defaults = [self.models_of(kind)[0].id for kind in ("causal", "mlm") if self.models_of(kind)]
         compilers = []
         first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):

@@ -92,7 +92,7 @@ def prepare_completion(
     """A prompt given as text or as token ids, checked against the model and its limits. An echoed
     prompt is scored whole, however long (lm-eval sends windows longer than a small model's context);
     its completion continues from the last tokens that fit."""
-    m = find_model(registry, model_id, "gpt", fields.model)
+    m = find_model(registry, model_id, "causal", fields.model)
     check_logit_bias(m, params.logit_bias, fields.logit_bias)
     if isinstance(prompt, str):
         ids = encode_prompt(m, prompt, settings, fields.prompt)

@@ -222,7 +222,7 @@ def test_openai_client_lists_and_retrieves_completion_models(client):
 
     oai = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
     listed = oai.models.list().data
-    gpts = [m["id"] for m in client.get("/models").json()["data"] if m["kind"] == "gpt"]
+    gpts = [m["id"] for m in client.get("/models").json()["data"] if m["kind"] == "causal"]
     assert [m.id for m in listed] == gpts and all(m.object == "model" and m.created > 0 for m in listed)
     assert oai.models.retrieve("tiny-gpt").id == "tiny-gpt"
     with pytest.raises(NotFoundError):

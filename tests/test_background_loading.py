@@ -62,7 +62,7 @@ def test_the_default_of_a_kind_still_loading_is_not_replaced_by_a_later_one(stor
     registry.load_all()
     try:
         registry.start()
-        assert list(registry.models) == ["b-gpt"] and registry.default("gpt").id == "b-gpt"
+        assert list(registry.models) == ["b-gpt"] and registry.default("causal").id == "b-gpt"
         with pytest.raises(ModelLoadingError):
             registry.default("mlm")
         with pytest.raises(ModelLoadingError):
@@ -70,7 +70,7 @@ def test_the_default_of_a_kind_still_loading_is_not_replaced_by_a_later_one(stor
         held.set()
         assert registry.loaded.wait(60)
         assert list(registry.models) == ["a-mlm", "b-gpt", "c-gpt"]  # store order, whatever the load order
-        assert registry.default("mlm").id == "a-mlm" and registry.default("gpt").id == "b-gpt"
+        assert registry.default("mlm").id == "a-mlm" and registry.default("causal").id == "b-gpt"
     finally:
         held.set()
         registry.stop()

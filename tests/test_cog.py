@@ -118,12 +118,14 @@ def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, 
     ablate = cog(prompt="The castle was", task="ablate", heads="[[0, 1]]", top_n=3)
     patch = cog(prompt="The town was", task="patch", corrupt="The river was", answer=" the", foil=" of")
     with TestClient(create_app(Settings(store=cog_store))) as c:
-        assert json.loads("".join(lens["output"])) == c.post(
-            "/inspect/logit-lens", json={"text": "The castle was", "top_k": 3}
-        ).json()
-        assert json.loads("".join(ablate["output"])) == c.post(
-            "/inspect/ablate", json={"text": "The castle was", "heads": [[0, 1]], "top_k": 3}
-        ).json()
+        assert (
+            json.loads("".join(lens["output"]))
+            == c.post("/inspect/logit-lens", json={"text": "The castle was", "top_k": 3}).json()
+        )
+        assert (
+            json.loads("".join(ablate["output"]))
+            == c.post("/inspect/ablate", json={"text": "The castle was", "heads": [[0, 1]], "top_k": 3}).json()
+        )
     grid = json.loads("".join(patch["output"]))["grid"]
     assert len(grid) == 2 and len(grid[0]) == len(json.loads("".join(patch["output"]))["tokens"])
     missing = cog(prompt="The town was", task="patch", answer=" the", foil=" of")

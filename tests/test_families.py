@@ -158,13 +158,13 @@ def test_the_kv_cache_fits_its_budget_by_cutting_each_slots_context(tmp_path):
     assert fit_context(model, 4, 4 * 64 * per_position) == 48
     with pytest.raises(ValueError, match="kv_cache_mb: 4 slots of 16 positions"):
         fit_context(model, 4, 4 * 16 * per_position)
-    runner = load_runner("gpt", folder, torch.device("cpu"), torch.float32, 64, kv_cache_mb=1)
+    runner = load_runner("decoder", folder, torch.device("cpu"), torch.float32, 64, kv_cache_mb=1)
     assert runner.facts.context_length == 48 and runner.facts.kv_cache_bytes <= 2**20
     engine = GenerationEngine(runner, max_batch_size=64)
     with pytest.raises(ValueError, match="context is 48"):
         engine.submit(list(range(3, 60)), SamplingParams(), lambda e: None)
     with pytest.raises(CheckpointError, match="kv_cache_mb: 1024 slots"):
-        load_runner("gpt", folder, torch.device("cpu"), torch.float32, 1024, kv_cache_mb=1)
+        load_runner("decoder", folder, torch.device("cpu"), torch.float32, 1024, kv_cache_mb=1)
 
 
 def test_derived_options_are_derived_again_when_a_config_changes():

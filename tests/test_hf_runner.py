@@ -85,7 +85,7 @@ def hf_greedy(store, model_id, ids: list[int]) -> list[int]:
 @pytest.mark.parametrize("model_id", ["tiny-gpt2", "tiny-neox"])
 def test_hf_models_are_served_with_transformers_greedy_tokens(client, store, tiny_tokenizer, model_id):
     listed = {m["id"]: m for m in client.get("/models").json()["data"]}
-    assert listed[model_id]["kind"] == "gpt" and "tiny-gpt" in listed  # served next to our GPT
+    assert listed[model_id]["kind"] == "causal" and "tiny-gpt" in listed  # served next to our GPT
     assert model_id in [m["id"] for m in client.get("/v1/models").json()["data"]]
     prompt = "The castle was built in"
     ids = tiny_tokenizer.encode(prompt, add_special_tokens=False).ids

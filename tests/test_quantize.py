@@ -48,8 +48,8 @@ def test_the_weights_setting_loads_int8_linears(tmp_path, tiny_tokenizer):
         tmp_path / "m", tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size()), tiny_tokenizer, card="# m\n", metrics={}
     )
     cpu = torch.device("cpu")
-    native = load_runner("gpt", tmp_path / "m", cpu, torch.float32, 2)
-    int8 = load_runner("gpt", tmp_path / "m", cpu, torch.float32, 2, weights="int8")
+    native = load_runner("decoder", tmp_path / "m", cpu, torch.float32, 2)
+    int8 = load_runner("decoder", tmp_path / "m", cpu, torch.float32, 2, weights="int8")
     assert any(isinstance(m, torch.nn.Linear) for m in native.model.modules())
     linears = [m for m in int8.model.modules() if isinstance(m, WeightOnlyInt8Linear)]
     assert linears and not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())

@@ -33,13 +33,13 @@ def openai_model(m: ServedModel) -> Model:
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(registry: Registry) -> ModelList:
     """The completion models, as OpenAI's `models.list()` expects (GET /models lists every model)."""
-    return ModelList(data=[openai_model(m) for m in registry.models.values() if m.kind == "gpt"])
+    return ModelList(data=[openai_model(m) for m in registry.models.values() if m.kind == "causal"])
 
 
 @router.get("/v1/models/{model_id}", response_model=Model)
 async def get_model(model_id: str, registry: Registry) -> Model:
     """One completion model, as OpenAI's `models.retrieve()` expects."""
-    return openai_model(find_model(registry, model_id, "gpt", "model_id"))
+    return openai_model(find_model(registry, model_id, "causal", "model_id"))
 
 
 @router.post("/v1/completions", response_model=Completion, response_model_exclude_none=True)

@@ -23,7 +23,7 @@ router = APIRouter(tags=["inspection"])
 @router.post("/score", response_model=ScoreResponse)
 async def score(body: ScoreRequest, registry: Registry) -> dict:
     """Per-token log-probabilities, mean loss and perplexity of a text under a completion model."""
-    m = find_model(registry, body.model, "gpt", "model")
+    m = find_model(registry, body.model, "causal", "model")
     return await registry.compute.run(inspection.score, m, body.text, body.top_n_tokens)
 
 

@@ -15,7 +15,7 @@ from server.service import find_model
 
 router = APIRouter(tags=["models and service"])
 
-TASKS = {"gpt": ["generate", "completions", "score", "attention"], "mlm": ["fill-mask", "attention"]}
+TASKS = {"causal": ["generate", "completions", "score", "attention"], "mlm": ["fill-mask", "attention"]}
 
 
 def summary(m: ServedModel) -> ModelSummary:

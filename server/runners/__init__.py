@@ -14,7 +14,7 @@ from server.runners.base import CausalLMRunner, RunnerFacts, TextCodec, TokenLog
 log = logging.getLogger("tinyserve")
 
 # architecture (model_store.architecture_of) -> the loader of its runner
-CAUSAL_ARCHITECTURES = ("gpt", "causal-lm")
+CAUSAL_ARCHITECTURES = ("decoder", "causal-lm")
 
 
 def load_runner(
@@ -37,7 +37,7 @@ def load_runner(
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
-    if architecture == "gpt":  # our decoder: ours, or a family model_store/families.py maps onto it
+    if architecture == "decoder":  # ours, or a family model_store/families.py maps onto it
         from server.runners.decoder.runner import GPTRunner, fit_context
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)

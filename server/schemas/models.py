@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 class ModelSummary(BaseModel):
     id: str
-    kind: str = Field(description="gpt (completion) or mlm (fill-mask)")
+    kind: str = Field(description="causal (completion: any causal LM) or mlm (fill-mask)")
     tasks: list[str]
     attention: str = Field(description="attention normaliser: softmax/softmax0 or softmax1")
     attention_settings: dict[str, str | int] = Field(

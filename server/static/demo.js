@@ -36,7 +36,7 @@ async function loadModels() {
     select.replaceChildren(...list.map((m) => new Option(`${m.id} (${describe(m)})`, m.id)));
     if (list.some((m) => m.id === chosen)) select.value = chosen;
   };
-  fill($("gen-model"), served.models.filter((m) => m.kind === "gpt"));
+  fill($("gen-model"), served.models.filter((m) => m.kind === "causal"));
   fill($("att-model"), served.models);
   fill($("in-model"), served.models);
   fill($("card-model"), served.models);

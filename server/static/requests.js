@@ -84,6 +84,6 @@ export const REQUESTS = {
 
 /** The first completion model: what POST / and /generate use when a request names none. */
 export function defaultCompletionModel() {
-  const m = served.models.find((x) => x.kind === "gpt");
+  const m = served.models.find((x) => x.kind === "causal");
   return m ? m.id : null;
 }
