@@ -27,6 +27,7 @@ class SamplingParams:
     top_p: float | None = None
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output (CTRL-style)
     stop: list[str] = field(default_factory=list)  # stop sequences, matched on the decoded text
+    stop_token_ids: list[int] = field(default_factory=list)  # end the sequence as the end-of-text token does
     seed: int | None = None  # same seed, same prompt, same params: same output
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> additive bias
     eos_bias: float = 0.0  # additive bias on the end-of-text logit: < 0 = longer outputs, -inf = never stop

@@ -15,7 +15,7 @@ from server.errors import install_error_handlers
 from server.metrics import Metrics
 from server.middleware import BearerAuth, BodySizeLimit, RequestMetrics
 from server.registry import ModelRegistry
-from server.routers import completions, demo, generate, inspect, interp, models
+from server.routers import chat, completions, demo, generate, inspect, interp, models
 
 log = logging.getLogger("tinyserve")
 
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(generate.router)
     app.include_router(completions.router)
+    app.include_router(chat.router)
     app.include_router(inspect.router)
     app.include_router(interp.router)
     app.include_router(demo.router)

@@ -331,7 +331,7 @@ class GenerationEngine:
     def _advance(self, row: _Row, draw: Draw) -> None:
         """Send the row's next token, and retire the row when the token ends it."""
         self.stats.tokens_generated += 1
-        eos = draw.token == self.eos_id
+        eos = draw.token == self.eos_id or draw.token in row.req.params.stop_token_ids  # a chat's end of turn too
         if not eos:
             row.generated.append(draw.token)
             row.sampling.seen.append(draw.token)

@@ -43,7 +43,7 @@ RAW_BODIES = [
     "path",
     [
         "/generate", "/generate_stream", "/v1/completions", "/fill-mask", "/attention", "/score",
-        "/inspect/logit-lens", "/inspect/ablate", "/inspect/patch",
+        "/inspect/logit-lens", "/inspect/ablate", "/inspect/patch", "/v1/chat/completions", "/tokenize", "/detokenize",
     ],
 )  # fmt: skip
 def test_nasty_body_gets_a_clear_4xx(client, path, body):

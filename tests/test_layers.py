@@ -25,7 +25,7 @@ SERVER_LAYERS = [
     {"runners", "encoder_step", "output", "schemas", "middleware"},
     {"engine"},
     {"registry"},
-    {"service", "inspection", "interp", "dependencies"},
+    {"service", "inspection", "interp", "chat", "dependencies"},
     {"routers"},
     {"app"},
     {"__main__", "ray_serve", "cli"},

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 
+from server.chat import chats
 from server.compute import ComputeThread
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError, openai_error_body
@@ -27,7 +28,7 @@ OPENAI_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop
 
 
 def openai_model(m: ServedModel) -> Model:
-    return Model(id=m.id, created=int((m.folder / "config.json").stat().st_mtime))
+    return Model(id=m.id, created=int((m.folder / "config.json").stat().st_mtime), chat=chats(m))
 
 
 @router.get("/v1/models", response_model=ModelList)

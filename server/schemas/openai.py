@@ -138,6 +138,7 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(description="When the checkpoint was written (Unix time).")
     owned_by: str = "tinyserve"
+    chat: bool = Field(False, description="Extension: its tokenizer carries a chat template (/v1/chat/completions).")
 
 
 class ModelList(BaseModel):
