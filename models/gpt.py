@@ -378,7 +378,6 @@ class GPT(nn.Module):
             if token == self.config.eos_token_id:
                 break
             out.append(token)
-            state.seen.append(token)
-            state.generated += 1
+            state.advance(token)
             logits = self(idx.new_tensor([[token]]), input_pos=idx.new_tensor([[pos]]), cache=cache).logits[:, -1]
         return idx.new_tensor([out])

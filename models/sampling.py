@@ -35,6 +35,7 @@ class SamplingParams:
     eos_bias_start: int = 0  # ... after this many generated tokens (cf. exponential_decay_length_penalty)
     logprobs: bool = False  # report each chosen token's log-probability under the model
     top_logprobs: int = 0  # and this many most likely alternatives
+    constraint: object | None = None  # a compiled grammar at its start (llguidance's LLMatcher), copied per sequence
 
     @property
     def greedy(self) -> bool:
@@ -42,7 +43,11 @@ class SamplingParams:
         chooses it on the graph, with its logprob (server/runners/decoder/step.py), and no Python sampler runs
         for the row."""
         return (
-            self.temperature == 0 and self.repetition_penalty == 1.0 and not self.logit_bias and not self.top_logprobs
+            self.temperature == 0
+            and self.repetition_penalty == 1.0
+            and not self.logit_bias
+            and not self.top_logprobs
+            and self.constraint is None
         )
 
     def eos_bias_at(self, generated: int) -> float:
@@ -60,6 +65,20 @@ class SequenceState:
     seen: list[int]  # prompt + generated ids (the repetition penalty's memory)
     generated: int
     generator: torch.Generator | None = None  # only where the request gave a seed
+    matcher: object | None = None  # this sequence's copy of the constraint, advanced token by token
+
+    def __post_init__(self) -> None:
+        if self.params.constraint is not None and self.matcher is None:
+            self.matcher = self.params.constraint.deep_copy()
+
+    def advance(self, token: int) -> bool:
+        """Record a generated token; True when the constraint is complete (or broken): the sequence ends."""
+        self.seen.append(token)
+        self.generated += 1
+        if self.matcher is None:
+            return False
+        self.matcher.consume_token(token)
+        return self.matcher.is_stopped() or self.matcher.is_error()
 
     def eos_logit_bias(self) -> float:
         """What the next token's EOS logit gets: the EOS bias, or -inf before min_new_tokens."""
@@ -91,6 +110,11 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
         i, t, b = zip(*biased, strict=True)
         out.index_put_((torch.tensor(i), torch.tensor(t)), torch.tensor(b, dtype=out.dtype), accumulate=True)
     out[:, eos_id] += torch.tensor([r.eos_logit_bias() for r in rows], dtype=out.dtype)
+    for i, r in enumerate(rows):  # a constraint's mask: its disallowed tokens are impossible, whatever else says
+        if r.matcher is not None:
+            allowed = torch.frombuffer(bytearray(r.matcher.compute_logit_bias()), dtype=torch.uint8)  # 0 or 200
+            out[i, : len(allowed)].masked_fill_(allowed[:V] == 0, float("-inf"))
+            out[i, len(allowed) :] = float("-inf")
     return out
 
 

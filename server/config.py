@@ -74,6 +74,9 @@ class Settings(BaseSettings):
         ge=1,
         description="looking inside a model (/inspect/*): forward passes x tokens per request; above it a 422",
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="structured output: a schema, regex or grammar that compiles longer is refused (4xx)"
+    )
     truncate_prompt: bool = Field(
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )

@@ -332,14 +332,18 @@ class GenerationEngine:
         """Send the row's next token, and retire the row when the token ends it."""
         self.stats.tokens_generated += 1
         eos = draw.token == self.eos_id or draw.token in row.req.params.stop_token_ids  # a chat's end of turn too
+        complete = False  # a constraint's grammar is complete: nothing more may follow
         if not eos:
             row.generated.append(draw.token)
-            row.sampling.seen.append(draw.token)
-            row.sampling.generated += 1
-        at_length = len(row.generated) >= row.max_new
-        self._emit(row.req, Sampled(draw.token, draw.logprob, draw.top, eos, last=eos or at_length))
-        if eos or at_length:
-            self._finish(row, "eos_token" if eos else "length")
+            complete = row.sampling.advance(draw.token)
+        matcher = row.sampling.matcher
+        if matcher is not None and matcher.is_error():
+            self._finish(row, "error", f"constraint: {matcher.get_error()}")
+            return
+        end = "eos_token" if eos or complete else "length" if len(row.generated) >= row.max_new else None
+        self._emit(row.req, Sampled(draw.token, draw.logprob, draw.top, eos, end))
+        if end is not None:
+            self._finish(row, end)
 
     @staticmethod
     def _emit(req: GenerationRequest, out: EngineOutput) -> None:

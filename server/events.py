@@ -50,8 +50,8 @@ class Sampled:
     id: int
     logprob: float | None = None  # when asked for
     top: tuple[tuple[int, float], ...] = ()  # likely alternatives (id, logprob), when asked for
-    eos: bool = False  # the end-of-text token
-    last: bool = False  # the engine ends the request with it (end of text, or its length)
+    eos: bool = False  # an end-of-text (or end-of-turn) token: it has no text
+    end: str | None = None  # why the engine ends the request with it: eos_token, length (FinishEvent.reason)
 
 
 @dataclass(frozen=True)

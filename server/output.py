@@ -49,11 +49,12 @@ class RequestOutput:
             return [token, self._finish("eos_token")]
         self.generated += 1
         released, stopped = self.detokenizer.add(out.id)
-        token = TokenEvent(out.id, released, token_text, False, out.logprob, alternatives, last=stopped or out.last)
+        last = stopped or out.end is not None
+        token = TokenEvent(out.id, released, token_text, False, out.logprob, alternatives, last=last)
         if stopped:
             self.req.end("stop_sequence")
             return [token, self._finish("stop_sequence")]
-        return [token, self._finish("length")] if out.last else [token]
+        return [token, self._finish(out.end)] if out.end is not None else [token]
 
     def _finish(self, reason: str, message: str = "") -> FinishEvent:
         self.finished = True

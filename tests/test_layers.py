@@ -25,7 +25,7 @@ SERVER_LAYERS = [
     {"runners", "encoder_step", "output", "schemas", "middleware"},
     {"engine"},
     {"registry"},
-    {"service", "inspection", "interp", "chat", "dependencies"},
+    {"service", "inspection", "interp", "chat", "constraints", "dependencies"},
     {"routers"},
     {"app"},
     {"__main__", "ray_serve", "cli"},

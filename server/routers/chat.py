@@ -11,6 +11,7 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 
 from server.chat import prepare_chat
+from server.constraints import constrained
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError, openai_error_body
 from server.events import FinishEvent, TokenEvent
@@ -58,7 +59,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     gives s, s+1, ...); with `logprobs`, each token's logprob and `top_logprobs` alternatives; with
     `stream`, SSE chunks (`stream_options.include_usage`: a last chunk with the usage)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    job = prepare_chat(registry, settings, body.model, messages, body)
+    job = await constrained(
+        prepare_chat(registry, settings, body.model, messages, body), body.constraint(), settings, 400
+    )
     seed = job.params.seed
     jobs = [replace(job, params=replace(job.params, seed=None if seed is None else seed + j)) for j in range(body.n)]
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), job.model.id

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 
 from server.chat import chats
 from server.compute import ComputeThread
+from server.constraints import constrained
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError, openai_error_body
 from server.events import FinishEvent, TokenEvent
@@ -64,8 +65,11 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         )
         for i, prompt in enumerate(body.prompt)
     ]
+    if body.structured_outputs is not None:
+        c = body.structured_outputs.constraint()
+        prompt_jobs = [await constrained(job, c, settings, status=400) for job in prompt_jobs]
     jobs = [  # n samples of each prompt, encoded once
-        replace(job, params=replace(params, seed=None if params.seed is None else params.seed + j))
+        replace(job, params=replace(job.params, seed=None if params.seed is None else params.seed + j))
         for job in prompt_jobs
         for j in range(body.n)
     ]

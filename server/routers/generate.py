@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
 from server.config import Settings
+from server.constraints import constrained
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError, error_body
 from server.events import TokenEvent
@@ -27,11 +28,12 @@ from server.service import CompletionJob, Fields, collect, events, prepare_compl
 router = APIRouter(tags=["completion (TGI format)"])
 
 
-def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings) -> CompletionJob:
+async def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings) -> CompletionJob:
     p = body.parameters
     fields = Fields(model="parameters.model", prompt="inputs", logit_bias="parameters.logit_bias")
     params = p.to_sampling_params(settings)
-    return prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields)
+    job = prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields)
+    return await constrained(job, p.grammar.constraint("parameters.grammar") if p.grammar else None, settings)
 
 
 def tgi_token(e: TokenEvent) -> Token:
@@ -47,7 +49,7 @@ async def generate(
     body: GenerateRequest, request: Request, registry: Registry, settings: AppSettings
 ) -> GenerateResponse:
     """Complete `inputs`; with `parameters.details`, also the finish reason and per-token logprobs."""
-    job = prepare(body, registry, settings)
+    job = await prepare(body, registry, settings)
     events, finish = await collect(job, settings, request.is_disconnected)
     tokens = [tgi_token(e) for e in events]
     tops = [top_tokens(e) for e in events]
@@ -68,7 +70,7 @@ async def generate(
 async def generate_stream(body: GenerateRequest, registry: Registry, settings: AppSettings) -> EventSourceResponse:
     """Server-sent events, one per token (`data: {"token": ...}`); the last carries generated_text and
     details. Errors after the stream started arrive as `data: {"error": ..., "error_type": ...}`."""
-    job = prepare(body, registry, settings)
+    job = await prepare(body, registry, settings)
     prefix = body.inputs if body.parameters.return_full_text else ""
 
     async def stream():

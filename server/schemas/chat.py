@@ -11,6 +11,7 @@ from server.config import Settings
 from server.schemas.base import RequestModel, Text
 from server.schemas.generation import EosControls, LogitBias, StopSequence
 from server.schemas.openai import Usage
+from server.schemas.structured import Constraint, ResponseFormat, StructuredOutputs
 
 MAX_MESSAGES = 256
 
@@ -45,6 +46,13 @@ class ChatCompletionRequest(EosControls):
     logit_bias: LogitBias = {}
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     user: str | None = None
+    response_format: ResponseFormat | None = Field(None, description="OpenAI's: text, json_object, json_schema.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: json, regex, choice or grammar.")
+
+    def constraint(self) -> Constraint | None:
+        if self.structured_outputs is not None:
+            return self.structured_outputs.constraint()
+        return self.response_format.constraint() if self.response_format is not None else None
 
     @field_validator("stop")
     @classmethod

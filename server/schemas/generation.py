@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, Strict, StringConstraints, field_validato
 from models.sampling import SamplingParams
 from server.config import Settings
 from server.schemas.base import RequestModel, Text
+from server.schemas.structured import TGIGrammar
 
 NEVER = -1e9  # JSON has no -inf: an EOS bias at or below this means "never stop"
 
@@ -71,6 +72,7 @@ class GenerateParameters(EosControls):
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed and inputs give the same output.")
     logit_bias: LogitBias = {}
     details: bool = Field(False, description="Return finish reason, token ids, texts and logprobs.")
+    grammar: TGIGrammar | None = Field(None, description="Constrain the output to a JSON schema or a regex.")
     top_n_tokens: int | None = Field(None, ge=1, le=10, description="Also return this many most likely alternatives.")
     return_full_text: bool = Field(False, description="Prepend the prompt to generated_text.")
     decoder_input_details: bool = Field(

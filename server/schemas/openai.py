@@ -10,6 +10,7 @@ from models.sampling import SamplingParams
 from server.config import Settings
 from server.schemas.base import Text, no_nul
 from server.schemas.generation import EosControls, LogitBias, StopSequence
+from server.schemas.structured import StructuredOutputs
 
 MAX_PROMPTS = 16
 Prompt = str | list[int]  # text, or token ids
@@ -55,6 +56,7 @@ class CompletionRequest(EosControls):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     user: str | None = None
     suffix: str | None = Field(None, max_length=0, description="Not supported.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: json, regex, choice or grammar.")
 
     def to_sampling_params(self, settings: Settings) -> SamplingParams:
         """OpenAI semantics: temperature 0 is greedy; top_p 1 is off; logprobs N asks for N alternatives."""

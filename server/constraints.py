@@ -1,0 +1,85 @@
+"""Structured output: a request's JSON schema, regex, choice list or Lark grammar compiled by llguidance
+into a matcher the sampler masks each step with (models/sampling.py), and that ends the request when
+the grammar is complete.
+
+Each ecosystem's way of asking comes in as a `Constraint` (TGI's `grammar`, OpenAI's `response_format`,
+vLLM's `structured_outputs`). Compiling runs on a worker thread under a time limit, never on the compute
+thread: a slow schema delays only its own request. JSON is generated without free whitespace (compact
+separators, as OpenAI and vLLM return it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from dataclasses import replace
+
+from server.config import Settings
+from server.errors import APIError
+from server.registry import ServedModel
+from server.schemas.structured import Constraint
+from server.service import CompletionJob
+
+JSON_OPTIONS = {"whitespace_flexible": False}  # compact: "," and ":" with no spaces, no newlines
+
+
+def grammar_of(c: Constraint) -> str:
+    """llguidance's grammar text for the constraint."""
+    from llguidance import LLMatcher
+
+    if c.kind == "json":
+        schema = json.loads(c.value) if isinstance(c.value, str) else c.value
+        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if c.kind == "regex":
+        return LLMatcher.grammar_from_regex(c.value)
+    if c.kind == "choice":
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in c.value))
+    return LLMatcher.grammar_from_lark(c.value)
+
+
+def tokenizer_of(m: ServedModel):
+    """The model's vocabulary as llguidance reads it (from its tokenizer.json; ~1 s for a large one)."""
+    return llguidance_tokenizer(m.runner.tokenizer, m.runner.facts.vocab_size, m.runner.facts.eos_id)
+
+
+@functools.lru_cache(maxsize=16)
+def llguidance_tokenizer(codec, vocab_size: int, eos_id: int):
+    from llguidance import LLTokenizer
+
+    backend = getattr(codec.tokenizer, "backend_tokenizer", codec.tokenizer)  # transformers' or tokenizers'
+    return LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos_id)
+
+
+def compile_matcher(m: ServedModel, c: Constraint, status: int):
+    """The constraint's matcher at its start state, or an APIError naming the field and llguidance's reason."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = grammar_of(c)
+    except (ValueError, TypeError) as e:
+        raise APIError(status, f"{c.field}: {e}", c.field) from None
+    error = LLMatcher.validate_grammar(grammar, tokenizer_of(m))
+    if error and not error.startswith("WARNING"):
+        raise APIError(status, f"{c.field}: {error.strip()}", c.field)
+    matcher = LLMatcher(tokenizer_of(m), grammar, log_level=0)
+    if matcher.is_error():
+        raise APIError(status, f"{c.field}: {matcher.get_error().strip()}", c.field)
+    return matcher
+
+
+async def constrained(job: CompletionJob, c: Constraint | None, settings: Settings, status: int = 422) -> CompletionJob:
+    """The job with its constraint compiled (on a worker thread, within grammar_compile_timeout_s)."""
+    if c is None:
+        return job
+    if job.model.runner is None:
+        raise APIError(status, f"{c.field}: model {job.model.id} does not generate text", c.field)
+    loop = asyncio.get_running_loop()
+    try:
+        matcher = await asyncio.wait_for(
+            loop.run_in_executor(None, compile_matcher, job.model, c, status), settings.grammar_compile_timeout_s
+        )
+    except TimeoutError:
+        limit = settings.grammar_compile_timeout_s
+        raise APIError(status, f"{c.field}: did not compile within {limit} s", c.field) from None
+    return replace(job, params=replace(job.params, constraint=matcher))
