@@ -106,3 +106,33 @@ def test_a_batch_samples_each_seeded_row_as_if_alone():
     batch = sample(logits, rows(), eos_id=0)
     alone = [sample(logits[i : i + 1], [r], eos_id=0)[0] for i, r in enumerate(rows())]
     assert batch == alone
+
+
+def test_a_constrained_greedy_row_takes_the_best_allowed_token_with_its_logprob():
+    """The numpy path for greedy constrained rows equals the batch sampler with the same mask applied."""
+    import math
+
+    import torch
+
+    from models.sampling import Draw, SamplingParams, SequenceState, sample
+
+    class Mask:  # what the sampler reads of an llguidance matcher
+        def __init__(self, allowed):
+            self.allowed = allowed
+
+        def compute_logit_bias(self):
+            return bytes(200 if i in self.allowed else 0 for i in range(12))
+
+        def deep_copy(self):
+            return self
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 12)
+    allowed = {3, 5, 7}
+    fast = SequenceState(SamplingParams(temperature=0, logprobs=True, constraint=Mask(allowed)), [], 0)
+    slow = SequenceState(SamplingParams(temperature=0, logprobs=True, top_logprobs=1, constraint=Mask(allowed)), [], 0)
+    got, want = sample(logits, [fast, slow], eos_id=0)
+    best = max(allowed, key=lambda t: float(logits[0, t]))
+    assert got.token == best and isinstance(got, Draw)
+    assert math.isclose(got.logprob, float(torch.log_softmax(logits[0], -1)[best]), abs_tol=1e-5)
+    assert want.token == max(allowed, key=lambda t: float(logits[1, t]))  # the batch sampler masks alike
