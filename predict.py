@@ -12,18 +12,23 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
 from server import interp
+from server.chat import prepare_chat_job
 from server.config import Settings, default
+from server.constraints import compile_matcher
 from server.errors import APIError
 from server.events import FinishEvent
 from server.inspection import attention, attention_png, fill_mask
 from server.registry import ModelRegistry
+from server.schemas.chat import ChatMessage
 from server.schemas.generation import GenerateParameters
 from server.schemas.interp import AblateRequest, LogitLensRequest, PatchRequest
+from server.schemas.structured import Constraint
 from server.service import fill_mask_models, find_model, prepare_completion, stream_sync
 
 AUTO = "auto"
@@ -97,6 +102,16 @@ class Predictor(BasePredictor):
         corrupt: str = Input(default="", max_length=default("max_prompt_chars"), description="patch: corrupt text."),
         answer: str = Input(default="", max_length=100, description="patch: the clean answer, one token."),
         foil: str = Input(default="", max_length=100, description="patch: the corrupt answer, one token."),
+        messages: str = Input(
+            default="",
+            max_length=default("max_prompt_chars"),
+            description='complete: a chat as JSON, [{"role": "user", "content": "..."}], rendered by the '
+            "model's chat template (then `prompt` is ignored).",
+        ),
+        json_schema: str = Input(
+            default="", max_length=100_000, description="complete: output valid for this JSON schema."
+        ),
+        regex: str = Input(default="", max_length=10_000, description="complete: output matching this regex in full."),
     ) -> ConcatenateIterator[str]:
         try:
             if task == "complete":
@@ -114,7 +129,7 @@ class Predictor(BasePredictor):
                     eos_bias_decay=None if eos_bias_decay >= 1.0 else eos_bias_decay,
                     min_new_tokens=min_new_tokens,
                 )
-                yield from self._complete(parameters, prompt)
+                yield from self._complete(parameters, prompt, messages, json_schema, regex)
             elif task == "fill-mask":
                 yield from self._fill_mask(model, prompt, top_n)
             elif task in INSPECT:
@@ -125,15 +140,26 @@ class Predictor(BasePredictor):
         except APIError as e:
             raise ValueError(e.message) from None  # cog reports it as the failure
         except json.JSONDecodeError as e:
-            raise ValueError(f"heads: not JSON ({e})") from None
+            raise ValueError(f"{'messages' if messages else 'heads'}: not JSON ({e})") from None
         except ValidationError as e:  # the same request rules as the HTTP API
             raise ValueError(
                 "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
             ) from None
 
-    def _complete(self, parameters: GenerateParameters, prompt: str) -> Iterator[str]:
+    def _complete(
+        self, parameters: GenerateParameters, prompt: str, messages: str, json_schema: str, regex: str
+    ) -> Iterator[str]:
         params = parameters.to_sampling_params(self.settings)
-        job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
+        if messages:
+            conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in json.loads(messages)]
+            job = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params)
+        else:
+            job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
+        if json_schema and regex:
+            raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
+        if json_schema or regex:
+            c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
+            job = replace(job, params=replace(job.params, constraint=compile_matcher(job.model, c, 422)))
         for event in stream_sync(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.sampling import SamplingParams
@@ -80,15 +80,28 @@ def render(template: ChatTemplate, messages: list[dict]) -> str:
 def prepare_chat(
     registry: ModelRegistry, settings: Settings, model_id: str, messages: list[dict], request
 ) -> CompletionJob:
-    """A chat request as a completion job: the rendered conversation, checked as every prompt is."""
-    m = find_model(registry, model_id, "causal", "model")
+    """A chat request (its schema converts itself to sampling parameters) as a completion job."""
+    return prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings))
+
+
+def template_of(m: ServedModel) -> ChatTemplate:
     template = chat_template(m.folder)
     if template is None:
         raise APIError(
             400, f"model: {m.id} has no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
             "model",
         )  # fmt: skip
-    params: SamplingParams = request.to_sampling_params(settings, end_of_turn_ids(m, template))
+    return template
+
+
+def prepare_chat_job(
+    registry: ModelRegistry, settings: Settings, model_id: str | None, messages: list[dict], params: SamplingParams
+) -> CompletionJob:
+    """The rendered conversation as a completion job, checked as every prompt is; the reply ends at the
+    model's end-of-turn tokens."""
+    m = find_model(registry, model_id, "causal", "model")
+    template = template_of(m)
+    params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *end_of_turn_ids(m, template)}))
     check_logit_bias(m, params.logit_bias, "logit_bias")
     text = render(template, messages)
     if len(text) > settings.max_prompt_chars:

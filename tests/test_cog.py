@@ -134,6 +134,30 @@ def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, 
     assert bad["status"] == "failed" and "heads[0]" in bad["error"]
 
 
+def test_constrained_completion_and_chat_inputs(cog_server):
+    import re
+
+    def cog(**inputs):
+        return httpx.post(f"{cog_server}/predictions", json={"input": inputs}, timeout=60).json()
+
+    matched = cog(prompt="The code is", regex="[a-c]{3}-[0-9]{2}", eos_bias=-1e9, seed=3)
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}", "".join(matched["output"])), matched
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    valid = cog(prompt="The answer", json_schema=json.dumps(schema), temperature=0)
+    assert isinstance(json.loads("".join(valid["output"]))["ok"], bool)
+    both = cog(prompt="x", regex="a", json_schema="{}")
+    assert both["status"] == "failed" and "json_schema" in both["error"]
+    no_template = cog(prompt="x", messages=json.dumps([{"role": "user", "content": "hi"}]))
+    assert no_template["status"] == "failed" and "no chat template" in no_template["error"]
+    bad_role = cog(prompt="x", messages=json.dumps([{"role": "wizard", "content": "hi"}]))
+    assert bad_role["status"] == "failed" and "role" in bad_role["error"]
+
+
 def test_out_of_range_input_is_422(cog_server):
     r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "x", "top_p": 5}})
     assert r.status_code == 422 and "top_p" in r.text and "maximum" in r.text

@@ -62,9 +62,8 @@ class ChatCompletionRequest(EosControls):
             raise ValueError("at most 4 stop sequences")
         return stops
 
-    def to_sampling_params(self, settings: Settings, end_of_turn: list[int]) -> SamplingParams:
-        """OpenAI semantics (temperature 0 is greedy, top_p 1 is off); the reply ends at the model's
-        end-of-turn tokens as at its end-of-text token."""
+    def to_sampling_params(self, settings: Settings) -> SamplingParams:
+        """OpenAI semantics: temperature 0 is greedy, top_p 1 is off."""
         greedy = self.temperature == 0
         wanted = self.max_completion_tokens or self.max_tokens or settings.max_new_tokens_cap
         return SamplingParams(
@@ -74,7 +73,6 @@ class ChatCompletionRequest(EosControls):
             top_p=None if greedy or self.top_p >= 1 else self.top_p,
             repetition_penalty=self.repetition_penalty or 1.0,
             stop=list(self.stop),
-            stop_token_ids=end_of_turn,
             seed=self.seed,
             logit_bias=dict(self.logit_bias),
             logprobs=self.logprobs,
