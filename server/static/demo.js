@@ -327,6 +327,8 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   $("stop").addEventListener("click", () => generation && generation.abort());
   $("att-model").addEventListener("change", updateLayerHead);
+  $("constrain").addEventListener("change", () => { $("constraint-box").hidden = !$("constrain").value; });
+  $("constrain").addEventListener("input", () => { $("constraint-box").hidden = !$("constrain").value; });
   $("in-view").addEventListener("change", showViewFields);
   $("in-view").addEventListener("input", showViewFields);
   showViewFields();

@@ -10,6 +10,7 @@ export const FIELDS = {
   complete: {
     model: "gen-model", prompt: "prompt", temperature: "temperature", top_k: "top_k", top_p: "top_p",
     max_new_tokens: "max_new_tokens", eos_bias: "eos_bias", eos_bias_decay: "eos_bias_decay", seed: "seed",
+    constrain: "constrain", constraint: "constraint",
   },
   fillmask: { text: "mask-text", top_k: "mask-topk" },
   attention: { model: "att-model", layer: "att-layer", head: "att-head", text: "att-text" },
@@ -34,7 +35,29 @@ export function completionRequest() {
   p.eos_bias = num("eos_bias");
   if (num("eos_bias_decay") < 1) p.eos_bias_decay = num("eos_bias_decay");
   if ($("seed").value !== "") p.seed = num("seed");
+  const grammar = grammarField();
+  if (grammar) p.grammar = grammar;
   return { path: "/generate", body: { inputs: $("prompt").value, parameters: p } };
+}
+
+const regexEscape = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+/** TGI's `grammar` for the Constrain field: a JSON schema (sent as typed when it is not JSON: the API names
+ * the field), a regex, or "one of" the lines as a regex alternation. */
+function grammarField() {
+  const kind = $("constrain").value;
+  const text = $("constraint").value;
+  if (!kind) return null;
+  if (kind === "regex") return { type: "regex", value: text };
+  if (kind === "choices") {
+    const lines = text.split("\n").map((l) => l.trim()).filter(Boolean);
+    return { type: "regex", value: `(?:${lines.map(regexEscape).join("|")})` };
+  }
+  try {
+    return { type: "json", value: JSON.parse(text) };
+  } catch (_) {
+    return { type: "json", value: text };
+  }
 }
 
 /** POST /fill-mask: both EsperBERTo variants side by side when both are served. */

@@ -47,6 +47,7 @@ function openaiSnippet({ body }, ctx) {
   if (p.seed !== undefined) args.seed = p.seed;
   const extra = {};
   for (const k of ["top_k", "eos_bias", "eos_bias_decay"]) if (p[k] !== undefined) extra[k] = p[k];
+  if (p.grammar) extra.structured_outputs = { [p.grammar.type]: p.grammar.value }; // vLLM's, on /v1
   if (Object.keys(extra).length) args.extra_body = extra; // tinyserve's extensions of the OpenAI format
   return [
     "import os", "", "from openai import OpenAI", "",
@@ -59,7 +60,7 @@ function openaiSnippet({ body }, ctx) {
 function inferenceClientSnippet({ body }, ctx) {
   const p = body.parameters;
   const args = { max_new_tokens: p.max_new_tokens, do_sample: p.do_sample };
-  for (const k of ["temperature", "top_k", "top_p", "seed"]) if (p[k] !== undefined) args[k] = p[k];
+  for (const k of ["temperature", "top_k", "top_p", "seed", "grammar"]) if (p[k] !== undefined) args[k] = p[k];
   const lost = [];
   if (p.model !== ctx.defaultModel) lost.push(`model=${p.model}`);
   if (p.eos_bias !== ctx.defaultEosBias) lost.push(`eos_bias=${p.eos_bias}`);
@@ -86,6 +87,10 @@ function cogSnippet(tab, { body }) {
     if (p.seed !== undefined) inputs.push(["seed", p.seed]);
     inputs.push(["eos_bias", p.eos_bias]);
     if (p.eos_bias_decay !== undefined) inputs.push(["eos_bias_decay", p.eos_bias_decay]);
+    if (p.grammar) {
+      const value = typeof p.grammar.value === "string" ? p.grammar.value : JSON.stringify(p.grammar.value);
+      inputs.push([p.grammar.type === "json" ? "json_schema" : "regex", value]);
+    }
   } else if (tab === "fillmask") {
     inputs.push(["task", "fill-mask"], ["prompt", body.inputs], ["top_n", body.top_k]);
   } else if (tab === "attention") {
