@@ -66,3 +66,20 @@ def test_a_bad_patch_shows_the_apis_message(page):  # noqa: F811
     look(page, "patch", corrupt="The river was built in the year", answer=" the", foil=" of")
     page.wait_for_selector("#error:not([hidden])")
     assert page.text_content("#error").startswith("corrupt:")
+
+
+def test_clicking_heads_in_the_attention_grid_ablates_them(page):  # noqa: F811
+    page.click("button[data-tab=attention]")
+    page.select_option("#att-model", "tiny-gpt")
+    page.fill("#att-text", TEXT)
+    page.click("#show-attention")
+    page.wait_for_selector("#head-grid .head-cell")
+    page.check("#ablate-mode")
+    page.click("#head-grid .head-cell[data-head='1']")
+    page.wait_for_selector("#ablate-result:not([hidden]) .inside-list")
+    assert "KL(base || ablated)" in page.text_content("#ablate-info")
+    assert "[[0,1]]" in page.text_content("#ablate-lists").replace(" ", "")  # layer 0 (the first), head 1
+    assert "ablated" in page.get_attribute("#head-grid .head-cell[data-head='1']", "class")
+    assert page.input_value("#att-head") == "0"  # ablating does not enlarge the head
+    page.click("#head-grid .head-cell[data-head='1']")  # again: nothing ablated
+    page.wait_for_selector("#ablate-result", state="hidden")

@@ -158,9 +158,28 @@ async function fillMask() {
 
 // ---- attention: every head of a layer, one enlarged -------------------------------------------
 
+let ablatedHeads = new Set(); // heads of the layer on screen zeroed in the ablation view
+
+/** Toggle a head of the layer on screen in the ablation and show the next token with and without them. */
+async function toggleAblation(head) {
+  const data = layerView;
+  if (ablatedHeads.has(head)) ablatedHeads.delete(head);
+  else ablatedHeads.add(head);
+  for (const cell of document.querySelectorAll("#head-grid .head-cell")) {
+    cell.classList.toggle("ablated", ablatedHeads.has(Number(cell.dataset.head)));
+  }
+  $("ablate-result").hidden = ablatedHeads.size === 0;
+  if (!ablatedHeads.size) return;
+  const heads = [...ablatedHeads].sort((a, b) => a - b).map((h) => [data.layers[0], data.heads[h]]);
+  const answer = await (await post("/inspect/ablate", { model: data.model, text: data.text, heads })).json();
+  drawAblated($("ablate-lists"), $("ablate-info"), answer, heads);
+}
+
 async function showAttention() {
   const request = REQUESTS.attention();
   $("png-link").hidden = true;
+  ablatedHeads = new Set();
+  $("ablate-result").hidden = true;
   layerView = { ...(await (await post(request.path, request.body)).json()), text: request.body.text };
   await pickHead(Number($("att-head").value));
 }
@@ -168,7 +187,11 @@ async function showAttention() {
 async function pickHead(head) {
   const data = layerView;
   $("att-head").value = String(head);
-  drawHeadGrid($("head-grid"), data, head, (h) => pickHead(h).catch((err) => showError(err.message)));
+  const onPick = (h) => ($("ablate-mode").checked ? toggleAblation(h) : pickHead(h)).catch((err) => showError(err.message));
+  drawHeadGrid($("head-grid"), data, head, onPick);
+  for (const cell of document.querySelectorAll("#head-grid .head-cell")) {
+    cell.classList.toggle("ablated", ablatedHeads.has(Number(cell.dataset.head)));
+  }
   const layer = data.layers[0];
   drawHeatmap($("heatmap"), $("hover-info"), data.tokens, data.attention[0][0][head]);
   $("hover-info").textContent = `${data.model} (${data.attention_variant}), layer ${layer} head ${head}:`
