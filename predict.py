@@ -151,7 +151,10 @@ class Predictor(BasePredictor):
     ) -> Iterator[str]:
         params = parameters.to_sampling_params(self.settings)
         if messages:
-            conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in json.loads(messages)]
+            parsed = json.loads(messages)
+            if not isinstance(parsed, list):
+                raise APIError(422, "messages: a JSON list of {role, content}", "messages")
+            conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parsed]
             job = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params)
         else:
             job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)

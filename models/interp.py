@@ -143,10 +143,14 @@ def patched(
     return out.logits[:, 0].float()
 
 
-def mlm_logit_lens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The logit lens of a ModernBERT masked LM (EsperBERTo): (1, T) -> (n_layer + 1, T, V)
-    log-probabilities, each layer's input and the last layer's output read by the model's own final
-    norm and MLM head."""
+def mlm_unembed(model: nn.Module, resid: torch.Tensor) -> torch.Tensor:
+    """A ModernBERT masked LM's residual streams (..., C) -> (..., V) logits: its final norm and MLM head."""
+    return model.decoder(model.head(model.model.final_norm(resid)))
+
+
+def mlm_residual_streams(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A ModernBERT masked LM (EsperBERTo): (1, T) -> (n_layer + 1, T, C), each layer's input and what
+    its final norm reads."""
     encoder = model.model
     seen: list[torch.Tensor] = []
 
@@ -160,5 +164,17 @@ def mlm_logit_lens(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     finally:
         for h in handles:
             h.remove()
-    streams = torch.stack(seen)  # (n_layer + 1, T, C)
-    return torch.log_softmax(model.decoder(model.head(encoder.final_norm(streams))).float(), dim=-1)
+    return torch.stack(seen)  # (n_layer + 1, T, C)
+
+
+def mlm_logit_lens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(1, T) -> (n_layer + 1, T, V) log-probabilities of a ModernBERT masked LM's logit lens."""
+    streams = mlm_residual_streams(model, input_ids, attention_mask)
+    return torch.log_softmax(mlm_unembed(model, streams).float(), dim=-1)
+
+
+def top_predictions(unembedding, resid: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """(N, C) residual streams -> each one's k most likely tokens (probabilities, ids), through an
+    unembedding (unembed or mlm_unembed): what a lens answers, without keeping an (N, V) table."""
+    values, ids = torch.log_softmax(unembedding(resid).float(), dim=-1).topk(k, dim=-1)
+    return values.exp().tolist(), ids.tolist()

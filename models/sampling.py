@@ -49,6 +49,7 @@ class SamplingParams:
             and not self.logit_bias
             and not self.top_logprobs
             and self.constraint is None
+            and not (self.stop_token_ids and (self.eos_bias or self.min_new_tokens))  # the graph biases EOS alone
         )
 
     def eos_bias_at(self, generated: int) -> float:
@@ -111,6 +112,9 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
         i, t, b = zip(*biased, strict=True)
         out.index_put_((torch.tensor(i), torch.tensor(t)), torch.tensor(b, dtype=out.dtype), accumulate=True)
     out[:, eos_id] += torch.tensor([r.eos_logit_bias() for r in rows], dtype=out.dtype)
+    for i, r in enumerate(rows):  # the tokens that end a sequence as EOS does get its bias too
+        if r.params.stop_token_ids:
+            out[i, r.params.stop_token_ids] += r.eos_logit_bias()
     for i, r in enumerate(rows):  # a constraint's mask: its disallowed tokens are impossible, whatever else says
         if r.matcher is not None:
             allowed = torch.frombuffer(bytearray(r.matcher.compute_logit_bias()), dtype=torch.uint8)  # 0 or 200
@@ -178,7 +182,7 @@ def masked_greedy(logits: torch.Tensor, row: SequenceState, eos_id: int) -> Draw
     allowed = np.frombuffer(row.matcher.compute_logit_bias(), dtype=np.uint8)[: x.shape[0]] != 0
     masked = np.full_like(x, -np.inf)
     masked[: allowed.shape[0]] = np.where(allowed, x[: allowed.shape[0]], -np.inf)
-    masked[eos_id] += row.eos_logit_bias()
+    masked[[eos_id, *row.params.stop_token_ids]] += row.eos_logit_bias()
     token = int(masked.argmax())
     if not row.params.logprobs:
         return Draw(token)

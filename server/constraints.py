@@ -3,14 +3,16 @@ into a matcher the sampler masks each step with (models/sampling.py), and that e
 the grammar is complete.
 
 Each ecosystem's way of asking comes in as a `Constraint` (TGI's `grammar`, OpenAI's `response_format`,
-vLLM's `structured_outputs`). Compiling runs on a worker thread under a time limit, never on the compute
-thread: a slow schema delays only its own request. JSON is generated without free whitespace (compact
-separators, as OpenAI and vLLM return it).
+vLLM's `structured_outputs`). Compiling runs on two grammar threads, never on the compute thread or the
+event loop; a request whose grammar is not compiled within the time limit is refused (its compile still
+finishes on its thread). JSON is generated without free whitespace (compact separators, as OpenAI and
+vLLM return it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 from dataclasses import replace
@@ -22,6 +24,8 @@ from server.schemas.structured import Constraint
 from server.service import CompletionJob
 
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact: "," and ":" with no spaces, no newlines
+# grammars compile here, not on the event loop's default executor (where a slow one would queue unrelated work)
+COMPILERS = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="grammar")
 
 
 def grammar_of(c: Constraint) -> str:
@@ -59,10 +63,11 @@ def compile_matcher(m: ServedModel, c: Constraint, status: int):
         grammar = grammar_of(c)
     except (ValueError, TypeError) as e:
         raise APIError(status, f"{c.field}: {e}", c.field) from None
-    error = LLMatcher.validate_grammar(grammar, tokenizer_of(m))
-    if error and not error.startswith("WARNING"):
-        raise APIError(status, f"{c.field}: {error.strip()}", c.field)
-    matcher = LLMatcher(tokenizer_of(m), grammar, log_level=0)
+    try:
+        vocabulary = tokenizer_of(m)
+    except Exception as e:  # e.g. a tokenizer llguidance cannot read
+        raise APIError(status, f"{c.field}: model {m.id} cannot be constrained ({e})", c.field) from None
+    matcher = LLMatcher(vocabulary, grammar, log_level=0)  # a bad grammar leaves it in its error state
     if matcher.is_error():
         raise APIError(status, f"{c.field}: {matcher.get_error().strip()}", c.field)
     return matcher
@@ -77,7 +82,7 @@ async def constrained(job: CompletionJob, c: Constraint | None, settings: Settin
     loop = asyncio.get_running_loop()
     try:
         matcher = await asyncio.wait_for(
-            loop.run_in_executor(None, compile_matcher, job.model, c, status), settings.grammar_compile_timeout_s
+            loop.run_in_executor(COMPILERS, compile_matcher, job.model, c, status), settings.grammar_compile_timeout_s
         )
     except TimeoutError:
         limit = settings.grammar_compile_timeout_s

@@ -99,6 +99,15 @@ def test_the_end_of_turn_token_ends_the_reply(client):
     assert reply.usage.completion_tokens == 0
 
 
+def test_never_stop_holds_for_the_end_of_turn_token_too(client):
+    """eos_bias -1e9 ("never stop") and min_new_tokens apply to every token that ends a reply."""
+    oai = openai_client(client)
+    for extra in ({"eos_bias": -1e9}, {"min_new_tokens": 5}):
+        reply = oai.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=5, temperature=0,
+                                            logit_bias={"4": 50}, extra_body=extra)  # fmt: skip
+        assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+
+
 def test_logprobs_and_n_replies(client):
     oai = openai_client(client)
     reply = oai.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=4, n=2, seed=3,

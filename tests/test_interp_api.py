@@ -148,4 +148,16 @@ def test_a_request_over_the_cost_cap_is_refused_with_the_limit(interp_store):
         r = small.post("/inspect/ablate", json={"text": TEXT, "heads": "each"})
         assert r.status_code == 422 and error_of(r)["field"] == "heads"
         assert "limit is 50" in error_of(r)["error"]
-        assert small.post("/inspect/logit-lens", json={"text": TEXT}).status_code == 200  # 1 pass fits
+        assert small.post("/inspect/logit-lens", json={"text": TEXT}).status_code == 200  # 3 x its tokens fit
+    with TestClient(create_app(Settings(store=interp_store, dtype="float32", max_inspect_tokens=10))) as smaller:
+        r = smaller.post("/inspect/logit-lens", json={"text": TEXT})  # an unembedding per layer: 3 passes
+        assert r.status_code == 422 and "3 forward passes" in error_of(r)["error"]
+
+
+def test_hooks_go_on_a_copy_that_shares_the_served_weights(client):
+    """The background compiler runs the served module on its own thread: hooks never touch it."""
+    from server import interp
+
+    m = client.app.state.registry.get("tiny-gpt")
+    looked = client.app.state.registry.compute.call(interp.decoder_of, m)
+    assert looked is not m.model and looked.lm_head.weight is m.model.lm_head.weight

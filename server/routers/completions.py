@@ -65,9 +65,11 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         )
         for i, prompt in enumerate(body.prompt)
     ]
-    if body.structured_outputs is not None:
-        c = body.structured_outputs.constraint()
-        prompt_jobs = [await constrained(job, c, settings, status=400) for job in prompt_jobs]
+    if body.structured_outputs is not None:  # compiled once; each row copies the matcher
+        constraint = (await constrained(prompt_jobs[0], body.structured_outputs.constraint(), settings, 400)).params
+        prompt_jobs = [
+            replace(job, params=replace(job.params, constraint=constraint.constraint)) for job in prompt_jobs
+        ]
     jobs = [  # n samples of each prompt, encoded once
         replace(job, params=replace(job.params, seed=None if params.seed is None else params.seed + j))
         for job in prompt_jobs
