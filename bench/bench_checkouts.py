@@ -21,6 +21,9 @@ from pathlib import Path
 import httpx
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+from scripts.processes import wait_compiled, wait_healthy  # noqa: E402
+
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 BODY = {"inputs": PROMPT, "parameters": {"max_new_tokens": 64, "min_new_tokens": 64, "details": True}}
 PER_ROUND = 5
@@ -33,18 +36,6 @@ def serve(checkout: Path, port: int) -> subprocess.Popen:
         [str(python if python.exists() else sys.executable), "-m", "server", "--port", str(port)],
         cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-
-
-def wait_compiled(url: str) -> None:
-    for _ in range(1800):
-        try:
-            health = httpx.get(url + "/health", timeout=2)
-            if health.status_code == 200 and not health.json().get("compiling") and not health.json().get("loading"):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{url} never finished compiling")
 
 
 def one_round(client: httpx.Client, url: str, stream: bool) -> float:
@@ -70,7 +61,8 @@ def main() -> None:
     sides = {"new": (args.new, 8101), "old": (args.old, 8102)}
     procs = {name: serve(path.resolve(), port) for name, (path, port) in sides.items()}
     try:
-        for _, port in sides.values():
+        for name, (_, port) in sides.items():
+            wait_healthy(f"http://127.0.0.1:{port}", procs[name], 600, lambda: "")
             wait_compiled(f"http://127.0.0.1:{port}")
         rates: dict[str, list[float]] = {name: [] for name in sides}
         with httpx.Client(timeout=60) as client:

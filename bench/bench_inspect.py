@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +20,10 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from model_store import STORE_ROOT  # noqa: E402
+from scripts.processes import http_server, wait_compiled  # noqa: E402
+
 # 64 tokens of the shipped GPT's tokenizer; clean and corrupt differ in one word
 CLEAN = (
     "The history of the city begins in the early Middle Ages , when a small settlement grew around the "
@@ -30,24 +31,6 @@ CLEAN = (
     "as workers came from the valley to the new mills , and the old castle was left to the birds"
 )
 CORRUPT = CLEAN.replace("the castle on", "the church on")
-
-
-def start(model: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "TINYSERVE_MODELS": json.dumps([model]), "TINYSERVE_READY_AFTER": "compiled"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL
-    )
-
-
-def wait_ready(url: str) -> None:
-    for _ in range(1800):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit("the server did not become ready")
 
 
 def timed(client: httpx.Client, url: str, body: dict) -> float:
@@ -74,12 +57,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-wikitext2")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--port", type=int, default=8123)
     args = ap.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
-    server = start(args.model, args.port)
-    try:
-        wait_ready(url)
+    with http_server(STORE_ROOT, models=json.dumps([args.model]), compile_max_batch="1") as (url, _):
+        wait_compiled(url)
         routes = {
             "logit-lens": {"model": args.model, "text": CLEAN},
             "ablate (2 heads)": {"model": args.model, "text": CLEAN, "heads": [[0, 1], [2, 3]]},
@@ -105,9 +85,6 @@ def main() -> None:
             rate = statistics.median(r[0] for r in runs)
             gap = statistics.median(r[1] for r in runs)
             print(f"{label:20s} {rate:7.1f} tok/s, longest gap between tokens {1000 * gap:.1f} ms (median of runs)")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":

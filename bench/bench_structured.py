@@ -21,7 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_store import STORE_ROOT  # noqa: E402
-from scripts.processes import http_server  # noqa: E402
+from scripts.processes import http_server, wait_compiled  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 KINDS = {
@@ -57,8 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     streams_list = [int(s) for s in args.streams.split(",")]
     with http_server(STORE_ROOT, models=f'["{args.model}"]', compile_max_batch=str(max(streams_list))) as (url, _):
-        while httpx.get(url + "/health").json().get("compiling"):  # time the compiled steps, not eager ones
-            time.sleep(2)
+        wait_compiled(url)  # time the compiled steps, not eager ones
         for streams in streams_list:
             times: dict[str, list[float]] = {kind: [] for kind in KINDS}
             for r in range(args.rounds + 1):  # one warm-up round

@@ -20,7 +20,50 @@ def _is_token_ids(v: object) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-class CompletionRequest(EosControls):
+class OpenAISampling(EosControls):
+    """What /v1/completions and /v1/chat/completions share: sampling, stops, penalties, structured output."""
+
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
+    n: int = Field(1, ge=1, le=16, description="Outputs per prompt (seed s gives seeds s, s+1, ...).")
+    stream: bool = False
+    stop: StopSequence | list[StopSequence] = Field([], description="Up to 4 stop sequences.")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="Extension: CTRL-style penalty.")
+    logit_bias: LogitBias = {}
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    user: str | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: json, regex, choice or grammar.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str]) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return stops
+
+    def sampling_params(self, settings: Settings, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+        """OpenAI semantics: temperature 0 is greedy; top_p 1 is off; top_logprobs None = no logprobs."""
+        greedy = self.temperature == 0
+        return SamplingParams(
+            max_new_tokens=min(max_tokens, settings.max_new_tokens_cap),
+            temperature=self.temperature,
+            top_k=None if greedy else self.top_k,
+            top_p=None if greedy or self.top_p >= 1 else self.top_p,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            stop=list(self.stop),
+            seed=self.seed,
+            logit_bias=dict(self.logit_bias),
+            logprobs=top_logprobs is not None,
+            top_logprobs=top_logprobs or 0,
+            **self.eos_params(settings),
+        )
+
+
+class CompletionRequest(OpenAISampling):
     model: str = Field(..., description="Model id from GET /models.")
     prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
         ...,
@@ -34,11 +77,6 @@ class CompletionRequest(EosControls):
         description="Tokens to generate at most (capped by the server's max_new_tokens_cap); 0 with `echo` "
         "scores the prompt without generating.",
     )
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
-    n: int = Field(1, ge=1, le=16, description="Completions per prompt (seed s gives seeds s, s+1, ...).")
-    stream: bool = False
     logprobs: int | None = Field(
         None, ge=0, le=5, description="Return the tokens' logprobs and this many most likely alternatives (0 to 5)."
     )
@@ -47,33 +85,12 @@ class CompletionRequest(EosControls):
         description="Prepend the prompt to the completion; with `logprobs`, the prompt tokens' logprobs too "
         "(the first one null).",
     )
-    stop: StopSequence | list[StopSequence] = Field([], description="Up to 4 stop sequences.")
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="Extension: CTRL-style penalty.")
     best_of: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
-    logit_bias: LogitBias = {}
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    user: str | None = None
     suffix: str | None = Field(None, max_length=0, description="Not supported.")
-    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: json, regex, choice or grammar.")
 
     def to_sampling_params(self, settings: Settings) -> SamplingParams:
-        """OpenAI semantics: temperature 0 is greedy; top_p 1 is off; logprobs N asks for N alternatives."""
-        greedy = self.temperature == 0
-        return SamplingParams(
-            max_new_tokens=min(self.max_tokens, settings.max_new_tokens_cap),
-            temperature=self.temperature,
-            top_k=None if greedy else self.top_k,
-            top_p=None if greedy or self.top_p >= 1 else self.top_p,
-            repetition_penalty=self.repetition_penalty or 1.0,
-            stop=list(self.stop),
-            seed=self.seed,
-            logit_bias=dict(self.logit_bias),
-            logprobs=self.logprobs is not None,
-            top_logprobs=self.logprobs or 0,
-            **self.eos_params(settings),
-        )
+        """logprobs N asks for the tokens' logprobs and N alternatives."""
+        return self.sampling_params(settings, self.max_tokens, self.logprobs)
 
     @field_validator("prompt", mode="wrap")
     @classmethod
@@ -96,14 +113,6 @@ class CompletionRequest(EosControls):
             elif (bad := next((j for j, t in enumerate(p) if t < 0), None)) is not None:
                 raise ValueError(f"{where}[{bad}]: token ids are non-negative")
         return prompts
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str]) -> list[str]:
-        stops = [v] if isinstance(v, str) else list(v)
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return stops
 
 
 class Logprobs(BaseModel):
