@@ -117,9 +117,7 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
             out[i, r.params.stop_token_ids] += r.eos_logit_bias()
     for i, r in enumerate(rows):  # a constraint's mask: its disallowed tokens are impossible, whatever else says
         if r.matcher is not None:
-            allowed = torch.frombuffer(bytearray(r.matcher.compute_logit_bias()), dtype=torch.uint8)  # 0 or 200
-            out[i, : len(allowed)].masked_fill_(allowed[:V] == 0, float("-inf"))
-            out[i, len(allowed) :] = float("-inf")
+            out[i].masked_fill_(~torch.from_numpy(allowed_tokens(r.matcher, V)), float("-inf"))
     return out
 
 
@@ -174,14 +172,21 @@ def choose_tokens(logits: torch.Tensor, rows: list[SequenceState]) -> list[int]:
     return tokens
 
 
+def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
+    """(V,) bool: the tokens a constraint allows next (llguidance gives 0 or 200 per token of its vocabulary;
+    ids past it are not allowed)."""
+    allowed = np.zeros(vocab_size, dtype=bool)
+    bias = np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[:vocab_size]
+    allowed[: bias.shape[0]] = bias != 0
+    return allowed
+
+
 def masked_greedy(logits: torch.Tensor, row: SequenceState, eos_id: int) -> Draw:
     """A greedy row whose only other adjustment is its constraint: the argmax over the allowed tokens (its
     EOS bias applied), in numpy on the (V,) row: a few microseconds, where the batch sampler's tensor ops
     cost ~0.15 ms a token."""
     x = logits.numpy()
-    allowed = np.frombuffer(row.matcher.compute_logit_bias(), dtype=np.uint8)[: x.shape[0]] != 0
-    masked = np.full_like(x, -np.inf)
-    masked[: allowed.shape[0]] = np.where(allowed, x[: allowed.shape[0]], -np.inf)
+    masked = np.where(allowed_tokens(row.matcher, x.shape[0]), x, -np.inf)
     masked[[eos_id, *row.params.stop_token_ids]] += row.eos_logit_bias()
     token = int(masked.argmax())
     if not row.params.logprobs:

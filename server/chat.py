@@ -24,6 +24,7 @@ class ChatTemplate:
     source: str  # Jinja
     special: dict[str, str]  # bos_token, eos_token, ... as the template reads them
     end_of_turn: tuple[str, ...]  # the tokens (as text) that end an assistant's turn
+    eos_ids: tuple[int, ...]  # and generation_config.json's eos_token_id(s)
 
 
 def token_text(value: object) -> str | None:
@@ -45,7 +46,10 @@ def chat_template(folder: Path) -> ChatTemplate | None:
     if not isinstance(source, str) or not source:
         return None
     special = {k: t for k in ("bos_token", "eos_token", "unk_token", "pad_token") if (t := token_text(config.get(k)))}
-    return ChatTemplate(source, special, tuple(t for t in [special.get("eos_token")] if t))
+    generation = folder / "generation_config.json"
+    eos = json.loads(generation.read_text()).get("eos_token_id") if generation.exists() else None
+    eos_ids = tuple(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return ChatTemplate(source, special, tuple(t for t in [special.get("eos_token")] if t), eos_ids)
 
 
 def end_of_turn_ids(m: ServedModel, template: ChatTemplate) -> list[int]:
@@ -56,10 +60,7 @@ def end_of_turn_ids(m: ServedModel, template: ChatTemplate) -> list[int]:
         encoded = codec.encode(text)[len(codec.prefix) :]
         if len(encoded) == 1:
             ids.add(encoded[0])
-    generation = m.folder / "generation_config.json"
-    if generation.exists():
-        eos = json.loads(generation.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    ids |= set(template.eos_ids)
     ids.discard(m.runner.facts.eos_id)  # already ends every request
     return sorted(i for i in ids if 0 <= i < m.runner.facts.vocab_size)
 
