@@ -162,7 +162,7 @@ class Predictor(BasePredictor):
             raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
         if json_schema or regex:
             c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
-            job = replace(job, params=replace(job.params, constraint=compile_matcher(job.model, c, 422)))
+            job = replace(job, params=replace(job.params, constraint=compile_matcher(job.model, c)))
         for event in stream_sync(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:

@@ -87,16 +87,17 @@ def measure_one(model_id: str, candidate: str, dtype: str, rows: int) -> dict:
         model(ids, input_pos=torch.arange(T).expand(rows, T), cache=static)  # the prompt in every slot
         cache = static.view(rows, COLUMNS).tensors()
         tokens, positions = torch.full((rows, 1), 5), torch.full((rows, 1), T)
+        eos_bias, allowed = torch.zeros(rows), torch.ones(rows, c.vocab_size, dtype=torch.bool)
         step = eager_step(model, c.n_layer, fused_attention=False)
         t = time.perf_counter()
-        fn = build(candidate, step, (tokens, positions, *cache))
-        expected = step(tokens, positions, *[x.clone() for x in cache]).float()
-        got = fn(tokens, positions, *[x.clone() for x in cache]).float()
+        fn = build(candidate, step, (tokens, positions, eos_bias, allowed, *cache))
+        expected = step(tokens, positions, eos_bias, allowed, *[x.clone() for x in cache])[2].float()  # the logits
+        got = fn(tokens, positions, eos_bias, allowed, *[x.clone() for x in cache])[2].float()
         build_s = time.perf_counter() - t
 
         def one(i: int) -> None:
             positions.fill_(T + i)
-            fn(tokens, positions, *cache)
+            fn(tokens, positions, eos_bias, allowed, *cache)
 
         diff = float((got - expected).abs().max() / (1 + expected.abs().max()))
         return {"ms": timed(one), "build_s": build_s, "diff": diff}

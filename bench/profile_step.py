@@ -45,11 +45,11 @@ def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
             times = []
             for i in range(steps):
                 t = time.perf_counter()
-                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows)
+                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows)
                 times.append(time.perf_counter() - t)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for i in range(16):
-                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows)
+                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows)
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
         return 1000 * statistics.median(times), table
 

@@ -40,15 +40,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """The next token is the argmax of the logits with only the EOS bias applied: the decode step
-        chooses it on the graph, with its logprob (server/runners/decoder/step.py), and no Python sampler runs
-        for the row."""
+        """The next token is the argmax of the logits with only the EOS bias and a constraint's mask
+        applied: the decode step chooses it on the graph, with its logprob (server/runners/decoder/step.py),
+        and no Python sampler runs for the row."""
         return (
             self.temperature == 0
             and self.repetition_penalty == 1.0
             and not self.logit_bias
             and not self.top_logprobs
-            and self.constraint is None
             and not (self.stop_token_ids and (self.eos_bias or self.min_new_tokens))  # the graph biases EOS alone
         )
 
@@ -81,6 +80,10 @@ class SequenceState:
             return False
         self.matcher.consume_token(token)
         return self.matcher.is_stopped() or self.matcher.is_error()
+
+    def allowed_next(self, vocab_size: int) -> np.ndarray | None:
+        """(V,) bool: the tokens the constraint allows next, or None where every token is allowed."""
+        return None if self.matcher is None else allowed_tokens(self.matcher, vocab_size)
 
     def eos_logit_bias(self) -> float:
         """What the next token's EOS logit gets: the EOS bias, or -inf before min_new_tokens."""
@@ -121,12 +124,18 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
     return out
 
 
-def greedy_choice(logits: torch.Tensor, eos_bias: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, V) raw logits, (n,) EOS biases -> each row's argmax after its EOS bias, and that token's
-    logprob under the model (before the bias). Tensor ops only: the decode step runs it on its graph."""
+def greedy_choice(
+    logits: torch.Tensor, eos_bias: torch.Tensor, eos_id: int, allowed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, V) raw logits, (n,) EOS biases, (n, V) bool allowed tokens (a constraint's mask; all True for
+    a free row) -> each row's argmax over its allowed tokens after its EOS bias, and that token's logprob
+    under the model (before the bias and the mask). Tensor ops only: the decode step runs it on its graph."""
     raw = logits.float()
     columns = torch.arange(raw.shape[-1], device=raw.device)
-    greedy = torch.where(columns == eos_id, raw + eos_bias.unsqueeze(1), raw).argmax(dim=-1)  # (n,)
+    biased = torch.where(columns == eos_id, raw + eos_bias.unsqueeze(1), raw)
+    if allowed is not None:
+        biased = torch.where(allowed, biased, float("-inf"))
+    greedy = biased.argmax(dim=-1)  # (n,)
     logprob = raw.gather(1, greedy.unsqueeze(1)).squeeze(1) - raw.logsumexp(dim=-1)  # (n,)
     return greedy, logprob
 
@@ -173,12 +182,11 @@ def choose_tokens(logits: torch.Tensor, rows: list[SequenceState]) -> list[int]:
 
 
 def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
-    """(V,) bool: the tokens a constraint allows next (llguidance gives 0 or 200 per token of its vocabulary;
-    ids past it are not allowed)."""
-    allowed = np.zeros(vocab_size, dtype=bool)
-    bias = np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[:vocab_size]
-    allowed[: bias.shape[0]] = bias != 0
-    return allowed
+    """(V,) bool: the tokens a constraint allows next (llguidance's bitmask of its vocabulary, bit j of
+    word i for token 32 i + j; ids past its vocabulary are not allowed)."""
+    words = np.zeros(-(-vocab_size // 32), dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].view(bool)
 
 
 def masked_greedy(logits: torch.Tensor, row: SequenceState, eos_id: int) -> Draw:

@@ -73,7 +73,7 @@ def render(template: ChatTemplate, messages: list[dict]) -> str:
         rendered = render_jinja_template([messages], chat_template=template.source, add_generation_prompt=True,
                                          **template.special)  # fmt: skip
     except Exception as e:  # a template's own raise_exception(), or one that cannot render these messages
-        raise APIError(400, f"messages: the model's chat template refused them ({e})", "messages") from None
+        raise APIError(422, f"messages: the model's chat template refused them ({e})", "messages") from None
     rendered = rendered[0] if isinstance(rendered, tuple) else rendered  # (texts, generation indices)
     return rendered[0] if isinstance(rendered, list) else rendered  # one conversation
 
@@ -89,7 +89,7 @@ def template_of(m: ServedModel) -> ChatTemplate:
     template = chat_template(m.folder)
     if template is None:
         raise APIError(
-            400, f"model: {m.id} has no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
+            422, f"model: {m.id} has no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
             "model",
         )  # fmt: skip
     return template
@@ -107,7 +107,7 @@ def prepare_chat_job(
     text = render(template, messages)
     if len(text) > settings.max_prompt_chars:
         limit = settings.max_prompt_chars
-        raise APIError(400, f"messages: the conversation is {len(text)} characters; the limit is {limit}", "messages")
+        raise APIError(422, f"messages: the conversation is {len(text)} characters; the limit is {limit}", "messages")
     codec = m.runner.tokenizer
     ids = codec.encode(text)[len(codec.prefix) :]  # the template writes its own start tokens
     return CompletionJob(m, fit_prompt(m, ids, settings, None, "messages"), params)

@@ -55,36 +55,36 @@ def llguidance_tokenizer(codec, vocab_size: int, eos_id: int):
     return LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos_id)
 
 
-def compile_matcher(m: ServedModel, c: Constraint, status: int):
+def compile_matcher(m: ServedModel, c: Constraint):
     """The constraint's matcher at its start state, or an APIError naming the field and llguidance's reason."""
     from llguidance import LLMatcher
 
     try:
         grammar = grammar_of(c)
     except (ValueError, TypeError) as e:
-        raise APIError(status, f"{c.field}: {e}", c.field) from None
+        raise APIError(422, f"{c.field}: {e}", c.field) from None
     try:
         vocabulary = tokenizer_of(m)
     except Exception as e:  # e.g. a tokenizer llguidance cannot read
-        raise APIError(status, f"{c.field}: model {m.id} cannot be constrained ({e})", c.field) from None
+        raise APIError(422, f"{c.field}: model {m.id} cannot be constrained ({e})", c.field) from None
     matcher = LLMatcher(vocabulary, grammar, log_level=0)  # a bad grammar leaves it in its error state
     if matcher.is_error():
-        raise APIError(status, f"{c.field}: {matcher.get_error().strip()}", c.field)
+        raise APIError(422, f"{c.field}: {matcher.get_error().strip()}", c.field)
     return matcher
 
 
-async def constrained(job: CompletionJob, c: Constraint | None, settings: Settings, status: int = 422) -> CompletionJob:
+async def constrained(job: CompletionJob, c: Constraint | None, settings: Settings) -> CompletionJob:
     """The job with its constraint compiled (on a worker thread, within grammar_compile_timeout_s)."""
     if c is None:
         return job
     if job.model.runner is None:
-        raise APIError(status, f"{c.field}: model {job.model.id} does not generate text", c.field)
+        raise APIError(422, f"{c.field}: model {job.model.id} does not generate text", c.field)
     loop = asyncio.get_running_loop()
     try:
         matcher = await asyncio.wait_for(
-            loop.run_in_executor(COMPILERS, compile_matcher, job.model, c, status), settings.grammar_compile_timeout_s
+            loop.run_in_executor(COMPILERS, compile_matcher, job.model, c), settings.grammar_compile_timeout_s
         )
     except TimeoutError:
         limit = settings.grammar_compile_timeout_s
-        raise APIError(status, f"{c.field}: did not compile within {limit} s", c.field) from None
+        raise APIError(422, f"{c.field}: did not compile within {limit} s", c.field) from None
     return replace(job, params=replace(job.params, constraint=matcher))

@@ -233,16 +233,19 @@ class GenerationEngine:
         slots after them (each new row leaves with the logits of its first token)."""
         running = self._rows
         if running:
+            greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
+            vocab = self.runner.facts.vocab_size
             out = self.runner.decode(
                 [row.generated[-1] for row in running],
                 [row.length for row in running],
-                [row.sampling.eos_logit_bias() if row.req.params.greedy else 0.0 for row in running],
+                [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
+                [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
             )
-            sampled = [i for i, row in enumerate(running) if not row.req.params.greedy]
+            sampled = [i for i, g in enumerate(greedy) if not g]
             copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
-            for row, token, logprob in zip(running, out.greedy, out.logprobs, strict=True):
+            for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
                 row.length += 1
-                if row.req.params.greedy:
+                if g:
                     row.draw = Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)
             for j, i in enumerate(sampled):
                 running[i].logits = copies[j]

@@ -1,7 +1,8 @@
 """Every client error is a 4xx JSON body that names the field and the rule: {"error", "error_type", "field"}.
 
 Under /v1 (the OpenAI-compatible API) the same error has OpenAI's shape, which its clients and tools
-parse: {"error": {"message", "type", "param", "code"}}.
+parse: {"error": {"message", "type", "param", "code"}}, and OpenAI's status: an invalid request is a 400
+there (as in vLLM's server), where the rest of the API says 422.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def error_payload(path: str, status: int, message: str, error_type: str, field: 
 
 def error_response(request: Request, status: int, message: str, error_type: str, field: str | None = None,
                    headers: dict[str, str] | None = None, **extra) -> JSONResponse:  # fmt: skip
+    if status == 422 and request.url.path.startswith("/v1/"):
+        status = 400
     body = error_payload(request.url.path, status, message, error_type, field, **extra)
     return JSONResponse(body, status, headers=headers)
 

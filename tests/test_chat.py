@@ -128,9 +128,9 @@ def test_v1_models_says_which_models_chat(client):
     [
         ({"model": "tiny-gpt", "messages": MESSAGES}, 400, "model"),  # no template: no made-up one
         ({"model": "nope", "messages": MESSAGES}, 404, "model"),
-        ({"model": "tiny-chat", "messages": [{"role": "wizard", "content": "x"}]}, 422, "messages.0.role"),
-        ({"model": "tiny-chat", "messages": []}, 422, "messages"),
-        ({"model": "tiny-chat", "messages": MESSAGES, "top_logprobs": 9}, 422, "top_logprobs"),
+        ({"model": "tiny-chat", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+        ({"model": "tiny-chat", "messages": []}, 400, "messages"),
+        ({"model": "tiny-chat", "messages": MESSAGES, "top_logprobs": 9}, 400, "top_logprobs"),
     ],
 )
 def test_bad_chat_requests_are_4xx_in_openais_shape(client, body, status, field):

@@ -154,13 +154,13 @@ def test_a_built_step_runs_its_graph_without_dynamo():
     model = tiny_gpt(vocab_size=97, context_length=64, positions="rope")
     step = GPTRunner(model, None, 1).step
     compiled = BackgroundCompiler(step, [1], None, "test").build(1)
-    tok, pos, bias, *cache = step.inputs(1, 48)
+    tok, pos, bias, allowed, *cache = step.inputs(1, 48)
     pos[0, 0] = 40
     with torch.inference_mode():
-        want = step.traced(tok, pos, bias, *cache)
+        want = step.traced(tok, pos, bias, allowed, *cache)
         torch._dynamo.reset()
         with torch.compiler.set_stance("fail_on_recompile"):
-            got = compiled(tok, pos, bias, *cache)
+            got = compiled(tok, pos, bias, allowed, *cache)
     assert got[0].tolist() == want[0].tolist()
     torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
 

@@ -59,7 +59,7 @@ def test_token_id_prompts_complete_like_their_text(client, gpt):
 )
 def test_bad_prompts_name_the_prompt_and_the_index(client, prompt, field, words):
     r = client.post("/v1/completions", json={**GREEDY, "prompt": prompt})
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     err = error_of(r)
     assert err["field"] == field and words in err["error"], err
     assert "function-after" not in err["error"]
@@ -98,7 +98,7 @@ def test_max_tokens_zero_with_echo_scores_without_generating(client, gpt):
     assert c["logprobs"]["token_logprobs"][1:] == pytest.approx(own_logprobs(model, ids)[0], abs=1e-4)
     assert "top_logprobs" not in c["logprobs"]  # logprobs 0: no alternatives
     r = client.post("/v1/completions", json={**GREEDY, "prompt": "x", "max_tokens": 0})
-    assert r.status_code == 422 and error_of(r)["field"] == "max_tokens"
+    assert r.status_code == 400 and error_of(r)["field"] == "max_tokens"
 
 
 def test_streamed_echo_carries_the_prompt_logprobs_first(client):
@@ -146,7 +146,7 @@ def test_echoed_prompts_longer_than_the_context_are_scored_with_sliding_windows(
     assert lps[1 : len(ids)] == pytest.approx(expected, abs=1e-4)
     assert r.json()["usage"]["prompt_tokens"] == len(ids)
     r = client.post("/v1/completions", json={**GREEDY, "prompt": ids, "max_tokens": 1})
-    assert r.status_code == 422 and error_of(r)["field"] == "prompt"  # without echo: refused, as before
+    assert r.status_code == 400 and error_of(r)["field"] == "prompt"  # without echo: refused, as before
 
 
 def test_token_id_prompts_have_a_token_cap_and_text_prompts_a_character_cap(store):
@@ -156,6 +156,6 @@ def test_token_id_prompts_have_a_token_cap_and_text_prompts_a_character_cap(stor
         ids = client.post("/v1/completions", json={**GREEDY, "prompt": [5] * 9, "max_tokens": 1})
         text = client.post("/v1/completions", json={**GREEDY, "prompt": "x" * 13, "max_tokens": 1})
         fits = client.post("/v1/completions", json={**GREEDY, "prompt": [5] * 8, "max_tokens": 1})
-    assert ids.status_code == 422 and "9 tokens; the limit is 8" in error_of(ids)["error"]
-    assert text.status_code == 422 and "13 characters; the limit is 12" in error_of(text)["error"]
+    assert ids.status_code == 400 and "9 tokens; the limit is 8" in error_of(ids)["error"]
+    assert text.status_code == 400 and "13 characters; the limit is 12" in error_of(text)["error"]
     assert fits.status_code == 200, fits.text

@@ -123,7 +123,7 @@ def test_page_and_assets_work_offline(server):
     html = httpx.get(server + "/").text
     assert "/static/demo.js" in html and "/static/demo.css" in html
     assert "http://" not in html.replace(server, "") and "https://" not in html  # nothing from a CDN
-    modules = ("demo.js", "api.js", "requests.js", "snippets.js", "share.js", "card.js", "attention.js")
+    modules = ("demo.js", "api.js", "complete.js", "requests.js", "snippets.js", "share.js", "card.js", "attention.js")
     for asset in (*modules, "demo.css", "examples.json"):
         response = httpx.get(f"{server}/static/{asset}")
         assert response.status_code == 200

@@ -110,8 +110,10 @@ def test_a_batch_samples_each_seeded_row_as_if_alone():
 
 def test_a_constrained_greedy_row_takes_the_best_allowed_token_with_its_logprob():
     """The numpy path for greedy constrained rows equals the batch sampler with the same mask applied."""
+    import ctypes
     import math
 
+    import numpy as np
     import torch
 
     from models.sampling import Draw, SamplingParams, SequenceState, sample
@@ -120,8 +122,11 @@ def test_a_constrained_greedy_row_takes_the_best_allowed_token_with_its_logprob(
         def __init__(self, allowed):
             self.allowed = allowed
 
-        def compute_logit_bias(self):
-            return bytes(200 if i in self.allowed else 0 for i in range(12))
+        def unsafe_compute_mask_ptr(self, address, size):  # llguidance's bitmask: bit j of word i, token 32 i + j
+            words = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_uint32)), (size // 4,))
+            words[:] = 0
+            for t in self.allowed:
+                words[t // 32] |= 1 << (t % 32)
 
         def deep_copy(self):
             return self

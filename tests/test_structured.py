@@ -121,9 +121,9 @@ def test_greedy_constrained_rows_share_a_batch_with_free_ones(client):
         ("/v1/completions", {"model": "tiny-json", "prompt": "x", "structured_outputs": {"grammar": "start: nope"}},
          400, "structured_outputs.grammar"),
         ("/v1/completions", {"model": "tiny-json", "prompt": "x",
-                             "structured_outputs": {"regex": "a", "choice": ["b"]}}, 422, "structured_outputs"),
+                             "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "structured_outputs"),
         ("/v1/chat/completions", {"model": "tiny-json", "messages": MESSAGES,
-                                  "response_format": {"type": "json_schema"}}, 422, "response_format"),
+                                  "response_format": {"type": "json_schema"}}, 400, "response_format"),
         ("/v1/chat/completions", {"model": "tiny-json", "messages": MESSAGES, "response_format": {
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, 400,
          "response_format.json_schema.schema"),

@@ -59,9 +59,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     gives s, s+1, ...); with `logprobs`, each token's logprob and `top_logprobs` alternatives; with
     `stream`, SSE chunks (`stream_options.include_usage`: a last chunk with the usage)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    job = await constrained(
-        prepare_chat(registry, settings, body.model, messages, body), body.constraint(), settings, 400
-    )
+    job = await constrained(prepare_chat(registry, settings, body.model, messages, body), body.constraint(), settings)
     seed = job.params.seed
     jobs = [replace(job, params=replace(job.params, seed=None if seed is None else seed + j)) for j in range(body.n)]
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), job.model.id

@@ -66,7 +66,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         for i, prompt in enumerate(body.prompt)
     ]
     if body.structured_outputs is not None:  # compiled once; each row copies the matcher
-        constraint = (await constrained(prompt_jobs[0], body.structured_outputs.constraint(), settings, 400)).params
+        constraint = (await constrained(prompt_jobs[0], body.structured_outputs.constraint(), settings)).params
         prompt_jobs = [
             replace(job, params=replace(job.params, constraint=constraint.constraint)) for job in prompt_jobs
         ]

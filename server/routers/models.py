@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from server.chat import chats
 from server.dependencies import AppSettings, Registry
 from server.errors import APIError
 from server.model_card import IMAGE_TYPES, card_image, render_html
@@ -22,7 +23,7 @@ def summary(m: ServedModel) -> ModelSummary:
     return ModelSummary(
         id=m.id,
         kind=m.kind,
-        tasks=TASKS[m.kind],
+        tasks=TASKS[m.kind] + (["chat"] if chats(m) else []),
         attention=m.normaliser,
         attention_settings=m.attention_settings,
         parameters=sum(p.numel() for p in m.model.parameters()),

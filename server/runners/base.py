@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -113,9 +114,12 @@ class CausalLMRunner(Protocol):
         (n, vocab), float32 on the CPU."""
         ...
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+    def decode(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
         """One step for the sequences in slots 0..n-1: token i is at position i; eos_bias[i] is added to
-        row i's end-of-text logit before its greedy choice."""
+        row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
+        (a constraint's mask; None: any token)."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -9,6 +9,7 @@ the shorter rows' later columns masked. Nothing is copied between steps.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -170,7 +171,9 @@ class HFCausalLMRunner:
         )
         return out.logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+    def decode(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
         n, columns = len(tokens), max(positions) + 1  # position i: where row i's token goes
         at = torch.tensor(positions, device=self.device).view(n, 1)
         visible = torch.arange(columns, device=self.device) <= at  # (n, columns): a row's own columns
@@ -182,7 +185,12 @@ class HFCausalLMRunner:
             use_cache=True,
         )
         logits = out.logits[:, -1]
-        greedy, logprobs = greedy_choice(logits, torch.tensor(eos_bias, device=logits.device), self.facts.eos_id)
+        mask = None
+        if any(m is not None for m in allowed):
+            V = logits.shape[-1]
+            mask = torch.from_numpy(np.stack([np.ones(V, bool) if m is None else m for m in allowed])).to(self.device)
+        bias = torch.tensor(eos_bias, device=logits.device)
+        greedy, logprobs = greedy_choice(logits, bias, self.facts.eos_id, mask)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -12,12 +12,13 @@ export function headers() {
   return h;
 }
 
-/** The API's own message for a failed response: {"error": ...} (ours) or FastAPI's {"detail": ...}. */
+/** The API's own message for a failed response: {"error": ...} (ours), {"error": {"message"}} (OpenAI's,
+ * under /v1) or FastAPI's {"detail": ...}. */
 export async function errorMessage(response) {
   const text = await response.text();
   try {
     const body = JSON.parse(text);
-    if (body.error) return body.error;
+    if (body.error) return typeof body.error === "string" ? body.error : body.error.message;
     if (body.detail) return typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
   } catch (_) { /* not JSON */ }
   return `HTTP ${response.status}: ${text.slice(0, 300)}`;

@@ -4,11 +4,11 @@ import { $, get, post, showError, token } from "./api.js";
 import { drawHeadGrid, drawHeatmap } from "./attention.js";
 import { showCard } from "./card.js";
 import { drawAblated, drawEachHead, drawLens, drawPatch } from "./inside.js";
+import { clearConversation, generate, showChatView, stopGeneration } from "./complete.js";
 import { REQUESTS, defaultCompletionModel, served } from "./requests.js";
 import { applyState, linkFor, readState, stateOf } from "./share.js";
 import { snippets } from "./snippets.js";
 
-let generation = null; // AbortController of the running stream
 let layerView = null; // the last POST /attention answer: every head of one layer
 let defaultEosBias = 0; // GET /info's, for the InferenceClient snippet
 let linkOpened = false; // a shared link opens once the models load (after the token, on a protected server)
@@ -37,6 +37,7 @@ async function loadModels() {
     if (list.some((m) => m.id === chosen)) select.value = chosen;
   };
   fill($("gen-model"), served.models.filter((m) => m.kind === "causal"));
+  showChatView();
   fill($("att-model"), served.models);
   fill($("in-model"), served.models);
   fill($("card-model"), served.models);
@@ -68,51 +69,6 @@ function bindSliders() {
     const show = () => { out.textContent = input.value; };
     input.addEventListener("input", show);
     show();
-  }
-}
-
-// ---- completion (server-sent events from POST /generate_stream) -------------------------------
-
-async function generate() {
-  const out = document.querySelector("#completion .generated");
-  document.querySelector("#completion .prompt-echo").textContent = $("prompt").value;
-  out.textContent = "";
-  $("finish-reason").textContent = "…";
-  $("gen-count").textContent = "0";
-  $("gen-speed").textContent = "";
-  generation = new AbortController();
-  $("generate").disabled = true;
-  $("stop").disabled = false;
-  const start = performance.now();
-  let count = 0;
-  try {
-    const response = await post("/generate_stream", REQUESTS.complete().body, generation.signal);
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      const lines = buffer.split(/\r?\n/);
-      buffer = lines.pop();
-      for (const line of lines) {
-        if (!line.startsWith("data:")) continue;
-        const data = JSON.parse(line.slice(5));
-        if (data.error) throw new Error(data.error);
-        out.textContent += data.token.text;
-        count += 1;
-        $("gen-count").textContent = String(count);
-        if (data.details) $("finish-reason").textContent = data.details.finish_reason;
-      }
-    }
-    $("gen-speed").textContent = `${(count / ((performance.now() - start) / 1000)).toFixed(1)} tokens/s`;
-  } catch (err) {
-    if (err.name === "AbortError") $("finish-reason").textContent = "stopped";
-    else { $("finish-reason").textContent = "error"; throw err; }
-  } finally {
-    generation = null;
-    $("generate").disabled = false;
-    $("stop").disabled = true;
   }
 }
 
@@ -232,7 +188,7 @@ async function lookInside() {
 // ---- tabs, the API panel, sharing, examples ---------------------------------------------------
 
 const RUN = {
-  complete: generate, fillmask: fillMask, attention: showAttention, inside: lookInside,
+  complete: () => generate().then(updateApiPanel), fillmask: fillMask, attention: showAttention, inside: lookInside,
   card: () => showCard($("card-body"), $("card-model").value),
 };
 
@@ -348,8 +304,11 @@ document.addEventListener("DOMContentLoaded", () => {
     $(form).addEventListener("input", updateApiPanel);
     $(form).addEventListener("change", updateApiPanel);
   }
-  $("stop").addEventListener("click", () => generation && generation.abort());
+  $("stop").addEventListener("click", stopGeneration);
   $("att-model").addEventListener("change", updateLayerHead);
+  $("gen-model").addEventListener("change", () => { clearConversation(); showChatView(); updateApiPanel(); });
+  $("chat-mode").addEventListener("change", () => { showChatView(); updateApiPanel(); });
+  $("chat-clear").addEventListener("click", () => { clearConversation(); updateApiPanel(); });
   $("constrain").addEventListener("change", () => { $("constraint-box").hidden = !$("constrain").value; });
   $("constrain").addEventListener("input", () => { $("constraint-box").hidden = !$("constrain").value; });
   $("in-view").addEventListener("change", showViewFields);

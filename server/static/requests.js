@@ -4,6 +4,7 @@
 import { $ } from "./api.js";
 
 export const served = { models: [] }; // GET /models' data, once loaded
+export const conversation = { messages: [] }; // the chat view's turns so far, {role, content}
 
 /** Each tab's inputs: the key in a shared link -> the form element's id. */
 export const FIELDS = {
@@ -22,6 +23,37 @@ export const FIELDS = {
 };
 
 const num = (id) => Number($(id).value);
+
+/** Whether the selected completion model has a chat template (GET /models: tasks has "chat"). */
+export function chatModel() {
+  const m = served.models.find((x) => x.id === $("gen-model").value);
+  return Boolean(m && m.tasks.includes("chat"));
+}
+
+/** The Completion tab's request: a chat turn in the chat view, a TGI completion otherwise. */
+export function completeRequest() {
+  return $("chat-mode").checked && chatModel() ? chatRequest() : completionRequest();
+}
+
+/** POST /v1/chat/completions' body (OpenAI's): the conversation so far and the message typed; the page
+ * streams the same body with `stream: true`. */
+export function chatRequest() {
+  const temperature = num("temperature");
+  const body = { model: $("gen-model").value, messages: [...conversation.messages, { role: "user", content: $("prompt").value }],
+    max_tokens: num("max_new_tokens"), temperature };
+  if (temperature > 0) {
+    if (num("top_k") > 0) body.top_k = num("top_k");
+    if (num("top_p") < 1) body.top_p = num("top_p");
+  }
+  body.eos_bias = num("eos_bias");
+  if (num("eos_bias_decay") < 1) body.eos_bias_decay = num("eos_bias_decay");
+  if ($("seed").value !== "") body.seed = num("seed");
+  const grammar = grammarField();
+  if (grammar && grammar.type === "json") {
+    body.response_format = { type: "json_schema", json_schema: { name: "constrain", schema: grammar.value } };
+  } else if (grammar) body.structured_outputs = { regex: grammar.value };
+  return { path: "/v1/chat/completions", body };
+}
 
 /** POST /generate's body (TGI format); the page streams the same body from /generate_stream. */
 export function completionRequest() {
@@ -102,7 +134,7 @@ export function cardRequest() {
 }
 
 export const REQUESTS = {
-  complete: completionRequest, fillmask: fillMaskRequest, attention: attentionRequest, inside: insideRequest, card: cardRequest,
+  complete: completeRequest, fillmask: fillMaskRequest, attention: attentionRequest, inside: insideRequest, card: cardRequest,
 };
 
 /** The first completion model: what POST / and /generate use when a request names none. */

@@ -57,6 +57,23 @@ function openaiSnippet({ body }, ctx) {
   ].join("\n");
 }
 
+/** The chat request through the openai client: OpenAI's fields as arguments, tinyserve's in extra_body. */
+function openaiChatSnippet({ body }, ctx) {
+  const args = {};
+  const extra = {};
+  for (const [k, v] of Object.entries(body)) {
+    if (["top_k", "eos_bias", "eos_bias_decay", "structured_outputs"].includes(k)) extra[k] = v;
+    else args[k] = v;
+  }
+  if (Object.keys(extra).length) args.extra_body = extra;
+  return [
+    "import os", "", "from openai import OpenAI", "",
+    `client = OpenAI(base_url=${JSON.stringify(`${ctx.origin}/v1`)}, api_key=os.environ.get("TINYSERVE_API_TOKEN", "none"))`,
+    pyCall("reply = client.chat.completions.create", args),
+    "print(reply.choices[0].message.content)",
+  ].join("\n");
+}
+
 function inferenceClientSnippet({ body }, ctx) {
   const p = body.parameters;
   const args = { max_new_tokens: p.max_new_tokens, do_sample: p.do_sample };
@@ -78,7 +95,14 @@ function inferenceClientSnippet({ body }, ctx) {
 /** `cog predict` with the packaged model's inputs (predict.py): the same request, run in the Cog image. */
 function cogSnippet(tab, { body }) {
   const inputs = [];
-  if (tab === "complete") {
+  if (tab === "complete" && body.messages) {
+    // `prompt` is required by the predictor and ignored beside `messages`
+    inputs.push(["prompt", body.messages.at(-1).content], ["messages", JSON.stringify(body.messages)], ["model", body.model], ["max_new_tokens", body.max_tokens],
+      ["temperature", body.temperature]);
+    for (const k of ["top_k", "top_p", "seed", "eos_bias", "eos_bias_decay"]) if (body[k] !== undefined) inputs.push([k, body[k]]);
+    if (body.response_format) inputs.push(["json_schema", JSON.stringify(body.response_format.json_schema.schema)]);
+    if (body.structured_outputs) inputs.push(["regex", body.structured_outputs.regex]);
+  } else if (tab === "complete") {
     const p = body.parameters;
     inputs.push(["prompt", body.inputs], ["model", p.model], ["max_new_tokens", p.max_new_tokens],
       ["temperature", p.do_sample ? p.temperature : 0]);
@@ -112,7 +136,9 @@ function cogSnippet(tab, { body }) {
 /** [{kind, label, text}] for a tab's request; ctx: {origin, auth, defaultModel, defaultEosBias}. */
 export function snippets(tab, request, ctx) {
   const list = [{ kind: "curl", label: "curl", text: curl(request, ctx) }];
-  if (tab === "complete") {
+  if (tab === "complete" && request.body.messages) {
+    list.push({ kind: "openai", label: "Python: openai (/v1/chat/completions)", text: openaiChatSnippet(request, ctx) });
+  } else if (tab === "complete") {
     list.push({ kind: "openai", label: "Python: openai (/v1/completions)", text: openaiSnippet(request, ctx) });
     list.push({ kind: "inference-client", label: "Python: huggingface_hub InferenceClient (/generate)",
       text: inferenceClientSnippet(request, ctx) });

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import replace
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -79,8 +80,10 @@ class GPTRunner:
         logits = self.step.eager_model(ids, input_pos=positions, cache=cache, logits_at=last).logits  # (B, 1, V)
         return logits[:, 0].float().cpu()
 
-    def decode(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
-        return self.step(tokens, positions, eos_bias)
+    def decode(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
+        return self.step(tokens, positions, eos_bias, allowed)
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.step.move(src, dst, length)

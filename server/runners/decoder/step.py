@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from model_store import GPT
@@ -28,7 +29,7 @@ from server.runners.base import StepOutput
 from server.runners.decoder.cuda_graphs import CUDAGraphs
 from server.runners.decoder.prepacked import prepacked_copy
 
-# (tokens (b, 1), positions (b, 1), eos_bias (b,), *cache tensors)
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, *cache tensors)
 #   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -43,41 +44,69 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     product (compiled: inductor fuses it into the step, where SDPA's CPU flash kernel cost 4x as much).
 
     The greedy choice is made on the graph (gpt-fast's sampling inside the step): the EOS logit gets
-    each row's bias (-inf before min_new_tokens), then argmax, with the token's logprob under the
-    model. Only those cross to Python for a greedy row; the logits are there for the rows the batch
-    sampler handles.
+    each row's bias (-inf before min_new_tokens), a constrained row's disallowed tokens are masked out
+    (structured output: server/constraints.py), then argmax, with the token's logprob under the model.
+    Only those cross to Python for a greedy row; the logits are there for the rows the batch sampler
+    handles.
     """
     eos_id = model.config.eos_token_id
 
-    def step(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
+    def step(
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        eos_bias: torch.Tensor,
+        allowed: torch.Tensor,
+        *cache: torch.Tensor,
+    ):
         static = StaticKVCache.from_tensors(cache, n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
         out = model.forward(tokens, input_pos=positions, cache=static, fused_attention=fused_attention)
         logits = out.logits[:, -1]  # (b, vocab)
-        return *greedy_choice(logits, eos_bias, eos_id), logits
+        return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
 
     return step
 
 
-def write_inputs(
-    n: int,
-    tokens: list[int],
-    positions: list[int],
-    eos_bias: list[float],
-    tok: torch.Tensor,
-    pos: torch.Tensor,
-    bias: torch.Tensor,
-) -> None:
-    """A step's values into rows 0..n-1 of its input tensors; padding rows write to column 0 of free
-    slots, which a prefill overwrites."""
-    if tok.device.type == "cpu":  # through numpy views of the same memory: 1 against 17 us a step
-        tok, pos, bias = tok.numpy(), pos.numpy(), bias.numpy()
-    else:
-        tokens, positions, eos_bias = torch.tensor(tokens), torch.tensor(positions), torch.tensor(eos_bias)
-    tok[:n, 0] = tokens
-    pos[:n, 0] = positions
-    pos[n:] = 0
-    bias[:n] = eos_bias
+class StepInputs:
+    """A row bucket's inputs besides the cache, preallocated and written in place each step (what a compiled
+    graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
+    tokens (b, vocab) bool."""
+
+    def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
+        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.eos_bias = torch.zeros(rows, device=device)
+        self.allowed = torch.ones((rows, vocab_size), dtype=torch.bool, device=device)
+        self.masked: set[int] = set()  # the rows of `allowed` that are not all True
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.tokens, self.positions, self.eos_bias, self.allowed
+
+    def write(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> None:
+        """A step's values into rows 0..n-1; padding rows write to column 0 of free slots, which a prefill
+        overwrites. Only the rows with a mask, and those that had one, touch `allowed`."""
+        n = len(tokens)
+        masks = {i: m for i, m in enumerate(allowed) if m is not None}
+        if self.tokens.device.type == "cpu":  # through numpy views of the same memory: 1 against 17 us a step
+            tok, pos, bias, ok = (t.numpy() for t in self.tensors())
+            for i in self.masked - masks.keys():
+                ok[i] = True
+            for i, m in masks.items():
+                ok[i] = m
+        else:
+            tok, pos, bias = self.tokens, self.positions, self.eos_bias
+            tokens, positions, eos_bias = torch.tensor(tokens), torch.tensor(positions), torch.tensor(eos_bias)
+            for i in self.masked - masks.keys():
+                self.allowed[i] = True
+            for i, m in masks.items():
+                self.allowed[i].copy_(torch.from_numpy(m))
+        self.masked = set(masks)
+        tok[:n, 0] = tokens
+        pos[:n, 0] = positions
+        pos[n:] = 0
+        bias[:n] = eos_bias
 
 
 def rounding_dtype(model: GPT) -> torch.dtype:
@@ -108,7 +137,8 @@ class DecodeStep:
         self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
         self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
         self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
-        self._rows: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.vocab_size = model.config.vocab_size
+        self._rows: dict[int, StepInputs] = {}
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
@@ -120,13 +150,13 @@ class DecodeStep:
         self.cache.move(src, dst, length)
 
     def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
-        """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), cache views (b, *, S, *)."""
+        """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
+        cache views (b, *, S, *)."""
         if rows not in self._rows:
-            zeros = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
-            self._rows[rows] = (zeros, zeros.clone(), torch.zeros(rows, device=self.device))
+            self._rows[rows] = StepInputs(rows, self.vocab_size, self.device)
         if (rows, columns) not in self._views:
             self._views[rows, columns] = self.cache.view(rows, columns).tensors()
-        return *self._rows[rows], *self._views[rows, columns]
+        return *self._rows[rows].tensors(), *self._views[rows, columns]
 
     def compile_order(self, max_rows: int) -> list[int]:
         """The row buckets of at most max_rows rows, the smallest (the most used at low load) first."""
@@ -153,21 +183,24 @@ class DecodeStep:
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
-        return tokens, positions, eos_bias, *cache
+        allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
+        return tokens, positions, eos_bias, allowed, *cache
 
-    def __call__(self, tokens: list[int], positions: list[int], eos_bias: list[float]) -> StepOutput:
+    def __call__(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
         """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
         n = len(tokens)
         rows, columns = self.bucket(n, max(positions) + 1)
-        tok, pos, bias, *cache = self.inputs(rows, columns)
-        write_inputs(n, tokens, positions, eos_bias, tok, pos, bias)
+        inputs = self.inputs(rows, columns)
+        self._rows[rows].write(tokens, positions, eos_bias, allowed)
         if rows in self.compiled:
             # the graph itself where it can be (server/compiled.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:
-                outputs = self.graphs((rows, columns), self.compiled[rows], tok, pos, bias, *cache)
+                outputs = self.graphs((rows, columns), self.compiled[rows], *inputs)
             else:
-                outputs = self.compiled[rows](tok, pos, bias, *cache)
+                outputs = self.compiled[rows](*inputs)
             greedy, logprobs, logits = outputs
         else:
-            greedy, logprobs, logits = self.uncompiled(tok, pos, bias, *cache)
+            greedy, logprobs, logits = self.uncompiled(*inputs)
         return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])

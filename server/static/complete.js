@@ -1,0 +1,127 @@
+// The Completion tab: a prompt completed over server-sent events from POST /generate_stream, or, for a
+// model with a chat template, a conversation whose replies stream from POST /v1/chat/completions.
+
+import { $, post } from "./api.js";
+import { REQUESTS, chatModel, conversation } from "./requests.js";
+
+let generation = null; // AbortController of the running stream
+
+export function stopGeneration() {
+  if (generation) generation.abort();
+}
+
+/** Each `data:` line's JSON of a server-sent event stream, until it ends or says [DONE]. */
+async function* events(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    const lines = buffer.split(/\r?\n/);
+    buffer = lines.pop();
+    for (const line of lines) {
+      if (!line.startsWith("data:")) continue;
+      if (line.slice(5).trim() === "[DONE]") return;
+      const data = JSON.parse(line.slice(5));
+      if (data.error) throw new Error(typeof data.error === "string" ? data.error : data.error.message);
+      yield data;
+    }
+  }
+}
+
+/** Run one stream, `run(signal, token)`: the Stop button aborts it; token() counts a token on the meta line. */
+async function streamed(run) {
+  $("finish-reason").textContent = "…";
+  $("gen-count").textContent = "0";
+  $("gen-speed").textContent = "";
+  generation = new AbortController();
+  $("generate").disabled = true;
+  $("stop").disabled = false;
+  const start = performance.now();
+  let count = 0;
+  try {
+    await run(generation.signal, () => { count += 1; $("gen-count").textContent = String(count); });
+    $("gen-speed").textContent = `${(count / ((performance.now() - start) / 1000)).toFixed(1)} tokens/s`;
+  } catch (err) {
+    if (err.name === "AbortError") $("finish-reason").textContent = "stopped";
+    else { $("finish-reason").textContent = "error"; throw err; }
+  } finally {
+    generation = null;
+    $("generate").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+async function complete() {
+  const out = document.querySelector("#completion .generated");
+  document.querySelector("#completion .prompt-echo").textContent = $("prompt").value;
+  out.textContent = "";
+  await streamed(async (signal, token) => {
+    for await (const data of events(await post("/generate_stream", REQUESTS.complete().body, signal))) {
+      out.textContent += data.token.text;
+      token();
+      if (data.details) $("finish-reason").textContent = data.details.finish_reason;
+    }
+  });
+}
+
+function addTurn(role, content) {
+  const turn = document.createElement("div");
+  turn.className = `turn ${role}`;
+  const label = document.createElement("span");
+  label.className = "role";
+  label.textContent = role;
+  const text = document.createElement("span");
+  text.className = "content";
+  text.textContent = content;
+  turn.append(label, text);
+  $("chat-log").append(turn);
+  return text;
+}
+
+/** The message typed as the user's turn, and the model's reply streamed into the conversation. */
+async function chatTurn() {
+  const { body } = REQUESTS.complete();
+  const message = body.messages[body.messages.length - 1];
+  const asked = addTurn("user", message.content);
+  const reply = addTurn("assistant", "");
+  $("prompt").value = "";
+  const untold = () => { // a failed turn leaves the conversation as it was, the message back in its box
+    asked.parentElement.remove();
+    reply.parentElement.remove();
+    $("prompt").value = message.content;
+  };
+  await streamed(async (signal, token) => {
+    for await (const chunk of events(await post("/v1/chat/completions", { ...body, stream: true }, signal))) {
+      const choice = chunk.choices[0];
+      if (!choice) continue; // the usage chunk
+      if (choice.delta.content) {
+        reply.textContent += choice.delta.content;
+        token();
+      }
+      if (choice.finish_reason) $("finish-reason").textContent = choice.finish_reason;
+    }
+  }).catch((err) => { untold(); throw err; });
+  conversation.messages.push(message, { role: "assistant", content: reply.textContent });
+}
+
+export function generate() {
+  return $("chat-mode").checked && chatModel() ? chatTurn() : complete();
+}
+
+/** The chat view for a model with a chat template: its checkbox, the conversation in place of the completion. */
+export function showChatView() {
+  const can = chatModel();
+  $("chat-toggle").hidden = !can;
+  const on = can && $("chat-mode").checked;
+  $("chat-log").hidden = !on;
+  $("chat-clear").hidden = !on;
+  $("completion").hidden = on;
+  $("prompt-label").textContent = on ? "Message" : "Prompt";
+}
+
+export function clearConversation() {
+  conversation.messages = [];
+  $("chat-log").replaceChildren();
+}
