@@ -80,8 +80,20 @@ def test_nasty_body_gets_a_clear_4xx(client, path, body):
         ("/generate", {"inputs": "x" * 30_000}, 422, "inputs"),
         ("/generate", {"inputs": "x", "parameters": {"top_k": 0}}, 422, "parameters.top_k"),
         ("/generate", {"inputs": "x", "parameters": {"repetition_penalty": 0}}, 422, "parameters.repetition_penalty"),
+        # structured output and chat: a grammar that does not compile, a model without a chat template, a role
+        ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "(ab"}}}, 422,
+         "parameters.grammar.value"),
+        ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {"type": 7}}}}, 422,
+         "parameters.grammar.value"),
+        ("/v1/completions", {"model": "tiny-gpt", "prompt": "x", "structured_outputs": {"grammar": "start: nope"}},
+         400, "structured_outputs.grammar"),
+        ("/v1/completions", {"model": "tiny-gpt", "prompt": "x", "structured_outputs": {"choice": []}}, 400,
+         "structured_outputs.choice"),
+        ("/v1/chat/completions", {"model": "tiny-gpt", "messages": [{"role": "user", "content": "x"}]}, 400, "model"),
+        ("/v1/chat/completions", {"model": "tiny-gpt", "messages": [{"role": "wizard", "content": "x"}]}, 400,
+         "messages.0.role"),
     ],
-)
+)  # fmt: skip
 def test_named_rejections(client, path, body, status, field):
     r = client.post(path, json=body)
     assert r.status_code == status and error_of(r)["field"] == field, r.text
