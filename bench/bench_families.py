@@ -1,7 +1,8 @@
 """Our decoder against llama-server on today's small-LM shapes (random weights at each shape).
 
     .venv/bin/python bench/bench_families.py --llama DIR [--shapes smollm2-135m,pythia-160m,gpt2-124m]
-        [--dtype float32] [--streams 1,8] [--rounds 5] [--prompt-tokens 20] [--new-tokens 64] [--ttft-tokens 512]
+        [--dtype float32] [--weights native|int8] [--streams 1,8] [--rounds 5] [--prompt-tokens 20]
+        [--new-tokens 64] [--ttft-tokens 512]
 
 DIR is a llama.cpp checkout with its build (`../shared/peers/setup.sh` makes one: the work folder's
 src/llama_cpp_python-*/vendor/llama.cpp and llama.cpp-build/bin). For each shape a transformers model
@@ -9,7 +10,8 @@ with random weights and our 16k tokenizer is saved, added to a scratch store wit
 and converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (in a Python with transformers 4.x, e.g.
 the peers' venv: --convert-python). Each server runs in its own process with 2 threads; ours and
 llama-server alternate within every round and the table gives median tok/s and the median per-round
-ratio. Greedy, exactly --new-tokens tokens (min_new_tokens / ignore_eos), the prompt sent as token ids.
+ratio. `--weights int8` serves our int8 weights (TINYSERVE_WEIGHTS=int8) against llama-server's q8_0 file
+of the same weights. Greedy, exactly --new-tokens tokens (min_new_tokens / ignore_eos), the prompt sent as token ids.
 Also: time to first token for a --ttft-tokens prompt, resident memory, and the GB/s one stream reads
 (every weight once per token).
 """
@@ -153,7 +155,7 @@ def bench_shape(args, shape: str, work: Path) -> dict:
     gguf = work / f"{shape}-{args.gguf_type}.gguf"
     to_gguf(args.convert_python, args.llama_src, src, args.gguf_type, gguf)
     streams = [int(s) for s in args.streams.split(",")]
-    settings = {"STORE": str(store), "MODELS": json.dumps([shape]), "DTYPE": args.dtype,
+    settings = {"STORE": str(store), "MODELS": json.dumps([shape]), "DTYPE": args.dtype, "WEIGHTS": args.weights,
                 "MAX_BATCH_SIZE": str(max(streams)), "COMPILE_MAX_BATCH": str(max(streams))}  # fmt: skip
     env = {**os.environ, **{f"TINYSERVE_{k}": v for k, v in settings.items()}}
     ours = subprocess.Popen([sys.executable, "-m", "server", "--port", "8931"], cwd=REPO, env=env,
@@ -192,7 +194,7 @@ def bench_shape(args, shape: str, work: Path) -> dict:
                 name: round(1000 * min(times), 1)
             }
         out["rss_mb"] = {"ours": round(rss_mb(ours.pid)), "llama-server": round(rss_mb(peer.pid))}
-        weight_bytes = params * (4 if args.dtype == "float32" else 2)
+        weight_bytes = params * (1 if args.weights == "int8" else 4 if args.dtype == "float32" else 2)
         single = out.get("1 streams")
         if single:  # one stream reads every weight once per token
             out["GB/s at 1 stream"] = {k: round(weight_bytes * single[k] / 1e9, 1) for k in sides}
@@ -212,6 +214,7 @@ def main() -> None:
     )
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--weights", default="native", choices=["native", "int8"], help="int8: against q8_0")
     ap.add_argument("--streams", default="1,8")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=20)
@@ -222,7 +225,7 @@ def main() -> None:
     args.llama_src = next(args.llama.glob("src/llama_cpp_python-*/vendor/llama.cpp"))
     args.llama_bin = args.llama / "llama.cpp-build" / "bin"
     args.convert_python = args.convert_python or str(args.llama / "venv-peers" / "bin" / "python")
-    args.gguf_type = {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
+    args.gguf_type = "q8_0" if args.weights == "int8" else {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
