@@ -35,19 +35,26 @@ export function completeRequest() {
   return $("chat-mode").checked && chatModel() ? chatRequest() : completionRequest();
 }
 
+/** The sliders' sampling fields both APIs share: top-k and top-p when sampling, the EOS bias, its decay, the seed. */
+function samplingFields(temperature) {
+  const f = {};
+  if (temperature > 0) {
+    if (num("top_k") > 0) f.top_k = num("top_k");
+    if (num("top_p") < 1) f.top_p = num("top_p");
+  }
+  f.eos_bias = num("eos_bias");
+  if (num("eos_bias_decay") < 1) f.eos_bias_decay = num("eos_bias_decay");
+  if ($("seed").value !== "") f.seed = num("seed");
+  return f;
+}
+
 /** POST /v1/chat/completions' body (OpenAI's): the conversation so far and the message typed; the page
  * streams the same body with `stream: true`. */
 export function chatRequest() {
   const temperature = num("temperature");
-  const body = { model: $("gen-model").value, messages: [...conversation.messages, { role: "user", content: $("prompt").value }],
-    max_tokens: num("max_new_tokens"), temperature };
-  if (temperature > 0) {
-    if (num("top_k") > 0) body.top_k = num("top_k");
-    if (num("top_p") < 1) body.top_p = num("top_p");
-  }
-  body.eos_bias = num("eos_bias");
-  if (num("eos_bias_decay") < 1) body.eos_bias_decay = num("eos_bias_decay");
-  if ($("seed").value !== "") body.seed = num("seed");
+  const messages = [...conversation.messages, { role: "user", content: $("prompt").value }];
+  const body = { model: $("gen-model").value, messages, max_tokens: num("max_new_tokens"), temperature,
+    ...samplingFields(temperature) };
   const grammar = grammarField();
   if (grammar && grammar.type === "json") {
     body.response_format = { type: "json_schema", json_schema: { name: "constrain", schema: grammar.value } };
@@ -59,14 +66,8 @@ export function chatRequest() {
 export function completionRequest() {
   const temperature = num("temperature");
   const p = { model: $("gen-model").value, max_new_tokens: num("max_new_tokens"), do_sample: temperature > 0 };
-  if (temperature > 0) {
-    p.temperature = temperature;
-    if (num("top_k") > 0) p.top_k = num("top_k");
-    if (num("top_p") < 1) p.top_p = num("top_p");
-  }
-  p.eos_bias = num("eos_bias");
-  if (num("eos_bias_decay") < 1) p.eos_bias_decay = num("eos_bias_decay");
-  if ($("seed").value !== "") p.seed = num("seed");
+  if (temperature > 0) p.temperature = temperature;
+  Object.assign(p, samplingFields(temperature));
   const grammar = grammarField();
   if (grammar) p.grammar = grammar;
   return { path: "/generate", body: { inputs: $("prompt").value, parameters: p } };

@@ -40,6 +40,15 @@ function httpxSnippet({ path, body }, ctx) {
     "response.raise_for_status()", "print(response.json())"].join("\n");
 }
 
+/** A call through the openai client, pointed at this server's /v1. */
+function openaiCall(ctx, call, args, printed) {
+  return [
+    "import os", "", "from openai import OpenAI", "",
+    `client = OpenAI(base_url=${JSON.stringify(`${ctx.origin}/v1`)}, api_key=os.environ.get("TINYSERVE_API_TOKEN", "none"))`,
+    pyCall(call, args), printed,
+  ].join("\n");
+}
+
 function openaiSnippet({ body }, ctx) {
   const p = body.parameters;
   const args = { model: p.model, prompt: body.inputs, max_tokens: p.max_new_tokens, temperature: p.do_sample ? p.temperature : 0 };
@@ -49,12 +58,7 @@ function openaiSnippet({ body }, ctx) {
   for (const k of ["top_k", "eos_bias", "eos_bias_decay"]) if (p[k] !== undefined) extra[k] = p[k];
   if (p.grammar) extra.structured_outputs = { [p.grammar.type]: p.grammar.value }; // vLLM's, on /v1
   if (Object.keys(extra).length) args.extra_body = extra; // tinyserve's extensions of the OpenAI format
-  return [
-    "import os", "", "from openai import OpenAI", "",
-    `client = OpenAI(base_url=${JSON.stringify(`${ctx.origin}/v1`)}, api_key=os.environ.get("TINYSERVE_API_TOKEN", "none"))`,
-    pyCall("completion = client.completions.create", args),
-    "print(completion.choices[0].text)",
-  ].join("\n");
+  return openaiCall(ctx, "completion = client.completions.create", args, "print(completion.choices[0].text)");
 }
 
 /** The chat request through the openai client: OpenAI's fields as arguments, tinyserve's in extra_body. */
@@ -66,12 +70,7 @@ function openaiChatSnippet({ body }, ctx) {
     else args[k] = v;
   }
   if (Object.keys(extra).length) args.extra_body = extra;
-  return [
-    "import os", "", "from openai import OpenAI", "",
-    `client = OpenAI(base_url=${JSON.stringify(`${ctx.origin}/v1`)}, api_key=os.environ.get("TINYSERVE_API_TOKEN", "none"))`,
-    pyCall("reply = client.chat.completions.create", args),
-    "print(reply.choices[0].message.content)",
-  ].join("\n");
+  return openaiCall(ctx, "reply = client.chat.completions.create", args, "print(reply.choices[0].message.content)");
 }
 
 function inferenceClientSnippet({ body }, ctx) {
