@@ -277,7 +277,10 @@ async function loadExamples() {
 function openState(state, force = false) {
   if (!state) return;
   selectTab(state.tab, false);
-  applyState(state, (tab) => { if (tab === "attention") updateLayerHead(); });
+  applyState(state, (tab) => {
+    if (tab === "attention") updateLayerHead();
+    if (tab === "complete") showChatView();
+  });
   updateApiPanel();
   const reproduces = state.values.seed !== undefined || Number(state.values.temperature) === 0; // seeded or greedy
   if (force || state.tab !== "complete" || reproduces) run(state.tab);
