@@ -109,7 +109,8 @@ def test_a_batch_samples_each_seeded_row_as_if_alone():
 
 
 def test_a_constrained_greedy_row_takes_the_best_allowed_token_with_its_logprob():
-    """The numpy path for greedy constrained rows equals the batch sampler with the same mask applied."""
+    """A greedy constrained row (the first token after a prefill; the decode step chooses the others on its
+    graph) takes its best allowed token, with its logprob under the model, as a row with alternatives does."""
     import ctypes
     import math
 
