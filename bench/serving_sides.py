@@ -57,12 +57,31 @@ def seconds(fn: Callable[[], object]) -> float:
 
 
 class HFPeer:
-    """transformers' generate() on a static batch: every row runs until the batch's longest is done."""
+    """transformers' generate() on a static batch: every row runs until the batch's longest is done.
 
-    def __init__(self, model_id: str, dtype: str) -> None:
-        model, tok = load_gpt(STORE_ROOT / model_id)
-        self.twin = hf_twin(model, getattr(torch, dtype)).to(DEVICE)
-        self.prompt_ids = tok.encode(PROMPT).ids
+    model: a store id or folder. A transformers checkpoint (config.json names `architectures`) is loaded as
+    it is; for ours, a GPT-2 of the same sizes stands in (`hf_twin`)."""
+
+    def __init__(self, model: str, dtype: str) -> None:
+        folder = Path(model) if Path(model).is_dir() else STORE_ROOT / model
+        if "architectures" in json.loads((folder / "config.json").read_text()):
+            from tokenizers import Tokenizer
+            from transformers import AutoModelForCausalLM
+
+            self.twin = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        else:
+            ours, tok = load_gpt(folder)
+            self.twin = hf_twin(ours, getattr(torch, dtype))
+        self.twin.to(DEVICE)
+        self.prompt_ids = tok.encode(PROMPT, add_special_tokens=False).ids
+
+    def generate(self, prompts: list[list[int]], new: int) -> None:
+        x = torch.tensor(prompts, device=DEVICE)
+        with torch.inference_mode():
+            self.twin.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new, do_sample=False
+            )
 
     def tokens_per_s(self, lengths: list[int], batch: int) -> float:
         """Requests for `lengths` new tokens, in batches of `batch`: requested tokens per second."""
@@ -70,12 +89,16 @@ class HFPeer:
         def run() -> None:
             for i in range(0, len(lengths), batch):
                 n = lengths[i : i + batch]
-                x = torch.tensor([self.prompt_ids] * len(n), device=DEVICE)
-                with torch.inference_mode():
-                    mask, new = torch.ones_like(x), max(n)
-                    self.twin.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                self.generate([self.prompt_ids] * len(n), max(n))
 
         return sum(lengths) / seconds(run)
+
+    def prompt(self) -> list[int]:
+        return self.prompt_ids
+
+    def batch_s(self, prompts: list[list[int]], new: int) -> float:
+        """Seconds for one batch of prompts (of one length) to get `new` tokens each."""
+        return seconds(lambda: self.generate(prompts, new))
 
 
 def served_compiled(settings: Settings, model_id: str) -> tuple[ModelRegistry, ServedModel]:

@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.config import GPTConfig
-from models.kv_cache import StaticKVCache
+from models.kv_cache import StaticKVCache, write_layer
 from models.positions import inverse_frequencies, rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
@@ -98,8 +98,7 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None,  # (B, 1, T, S) bool, True = may attend; None = causal over the T tokens
         positions: torch.Tensor,  # (B, T) positions of the tokens
         rotation: tuple[torch.Tensor, torch.Tensor] | None,  # RoPE's (cos, sin) at those positions
-        layer: int,
-        kv_cache: StaticKVCache | None,
+        cache: list[torch.Tensor] | None,  # this layer's buffers of the KV cache, each (B, *, context, *)
         return_attention: bool,
         fused_attention: bool,  # SDPA's one op where this layer's options allow it, else the explicit product
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -121,8 +120,8 @@ class CausalSelfAttention(nn.Module):
         if self.relational is not None:
             rel_queries, rel_cached = self.relational.project(x, rotation)
             cached += rel_cached
-        if kv_cache is not None:
-            cached = kv_cache.update(layer, positions, *cached)  # each (B, *, S, *)
+        if cache is not None:
+            cached = write_layer(cache, positions, *cached)  # each (B, *, S, *)
         k, v = cached[:2]
         dropout_p = self.attn_dropout if self.training else 0.0
         weights = None
@@ -148,7 +147,7 @@ class CausalSelfAttention(nn.Module):
                 y = weights @ v  # (B, H, T, D)
         if self.relational is not None:
             normalise = partial(self._weights, mask=mask)
-            query_columns = positions if kv_cache is not None else None  # column = position
+            query_columns = positions if cache is not None else None  # column = position
             y_rel, alpha = self.relational(rel_queries, cached[2:], normalise, dropout_p, query_columns)
             y = torch.cat([y, y_rel], dim=1)  # (B, H + H_rel, T, D)
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
@@ -222,10 +221,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.parallel = config.parallel_residual
 
-    def forward(self, x, mask, positions, rotation, layer, kv_cache, return_attention, fused_attention):
-        a, weights = self.attn(
-            self.ln_1(x), mask, positions, rotation, layer, kv_cache, return_attention, fused_attention
-        )
+    def forward(self, x, mask, positions, rotation, cache, return_attention, fused_attention):
+        a, weights = self.attn(self.ln_1(x), mask, positions, rotation, cache, return_attention, fused_attention)
         if self.parallel:
             return x + a + self.mlp(self.ln_2(x)), weights
         x = x + a
@@ -331,7 +328,8 @@ class GPT(nn.Module):
             rotation = rope_rotation(position_ids, c.rotated_channels, x.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
-            x, weights = block(x, mask, position_ids, rotation, layer, kv_cache, return_attention, fused_attention)
+            cache = kv_cache.buffers[layer] if kv_cache is not None else None
+            x, weights = block(x, mask, position_ids, rotation, cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul

@@ -48,13 +48,6 @@ class StaticKVCache:
         per_layer = len(tensors) // n_layer
         return cls([list(tensors[i * per_layer : (i + 1) * per_layer]) for i in range(n_layer)])
 
-    def update(self, layer: int, positions: torch.Tensor, *new: torch.Tensor) -> list[torch.Tensor]:
-        """Write this step's (B, *, T, *) tensors at positions (B, T); return the whole (B, *, context, *) buffers."""
-        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)  # (B, 1)
-        for buf, x in zip(self.buffers[layer], new, strict=True):
-            buf[rows, :, positions] = x.transpose(1, 2).to(buf.dtype)  # indexed as (B, T, *, *)
-        return self.buffers[layer]
-
     def visible(self, positions: torch.Tensor) -> torch.Tensor:
         """(B, T) query positions -> (B, 1, T, context) bool: key j is visible iff j <= the query's position."""
         keys = torch.arange(self.context, device=positions.device)
@@ -64,3 +57,13 @@ class StaticKVCache:
         """Copy a slot's first `length` columns to another slot (compacting the batch)."""
         for buf in self.tensors():
             buf[dst, :, :length] = buf[src, :, :length]
+
+
+def write_layer(buffers: list[torch.Tensor], positions: torch.Tensor, *new: torch.Tensor) -> list[torch.Tensor]:
+    """One layer's update: this step's (B, *, T, *) tensors written at positions (B, T) of its buffers, which
+    are returned (B, *, context, *). A block takes its layer's buffers alone, so that every block's call has
+    the same form (a compiler traces one and reuses it for all: models/gpt.py, Block)."""
+    rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)  # (B, 1)
+    for buf, x in zip(buffers, new, strict=True):
+        buf[rows, :, positions] = x.transpose(1, 2).to(buf.dtype)  # indexed as (B, T, *, *)
+    return buffers

@@ -24,7 +24,7 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.compiled import buckets
+from server.compiled import buckets, compile_blocks_once
 from server.runners.base import StepOutput
 from server.runners.decoder.cuda_graphs import CUDAGraphs
 from server.runners.decoder.prepacked import prepacked_copy
@@ -70,7 +70,11 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
 class StepInputs:
     """A row bucket's inputs besides the cache, preallocated and written in place each step (what a compiled
     graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
-    tokens (b, vocab) bool."""
+    tokens (b, vocab) bool.
+
+    A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (1 against
+    17 us a step through torch), on CUDA views of pinned twins, copied to the device without a
+    synchronisation (each pageable copy waited for the device: three waits a step)."""
 
     def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
@@ -78,8 +82,9 @@ class StepInputs:
         self.eos_bias = torch.zeros(rows, device=device)
         self.allowed = torch.ones((rows, vocab_size), dtype=torch.bool, device=device)
         self.masked: set[int] = set()  # the rows of `allowed` that are not all True
-        # on the CPU, numpy views of the same memory, made once: writing through them costs 1 against 17 us a step
-        self.arrays = tuple(t.numpy() for t in self.tensors()) if device.type == "cpu" else None
+        host = self.tensors() if device.type == "cpu" else tuple(pinned_like(t) for t in self.tensors())
+        self.uploads = [] if device.type == "cpu" else list(zip(host, self.tensors(), strict=True))  # (host, device)
+        self.arrays = tuple(t.numpy() for t in host)  # made once
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.tokens, self.positions, self.eos_bias, self.allowed
@@ -90,22 +95,28 @@ class StepInputs:
         """A step's values into rows 0..n-1; padding rows write to column 0 of free slots, which a prefill
         overwrites. Only the rows with a mask, and those that had one, touch `allowed`."""
         n = len(tokens)
-        if self.arrays is not None:
-            tok, pos, bias, ok = self.arrays
-        else:
-            tok, pos, bias, ok = self.tensors()
-            tokens, positions, eos_bias = torch.tensor(tokens), torch.tensor(positions), torch.tensor(eos_bias)
+        tok, pos, bias, ok = self.arrays
         tok[:n, 0] = tokens
         pos[:n, 0] = positions
         pos[n:] = 0
         bias[:n] = eos_bias
         masks = {i: m for i, m in enumerate(allowed) if m is not None}
-        if masks or self.masked:
+        touched = bool(masks or self.masked)
+        if touched:
             for i in self.masked - masks.keys():
                 ok[i] = True
             for i, m in masks.items():
-                ok[i] = m if self.arrays is not None else torch.from_numpy(m).to(ok.device)
+                ok[i] = m
             self.masked = set(masks)
+        # pinned twins are rewritten only after the last step's outputs were read back (DecodeStep.read_back),
+        # i.e. after the device finished these copies
+        for h, t in self.uploads[: 4 if touched else 3]:
+            t.copy_(h, non_blocking=True)
+
+
+def pinned_like(t: torch.Tensor) -> torch.Tensor:
+    """A page-locked host copy of t: the device copies from and to it without the host waiting."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
 def rounding_dtype(model: GPT) -> torch.dtype:
@@ -117,7 +128,7 @@ def rounding_dtype(model: GPT) -> torch.dtype:
 
 
 class DecodeStep:
-    def __init__(self, model: GPT, max_rows: int) -> None:
+    def __init__(self, model: GPT, max_rows: int, regional: bool | None = None) -> None:
         self.model = model
         self.max_rows = max_rows
         self.row_buckets = buckets(max_rows)
@@ -136,8 +147,14 @@ class DecodeStep:
         self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
         self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
         self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
+        # regional compilation (the default on CUDA, where the weights are graph inputs): a bucket's blocks
+        # compile once for all layers; a 30-layer model's bucket took minutes otherwise (H200). Not on the
+        # CPU: its graphs freeze the weights into prepacked constants, which a shared region cannot take.
+        if self.device.type == "cuda" if regional is None else regional:
+            compile_blocks_once(model.blocks)
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}
+        self._host_outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> pinned (greedy, logprobs), CUDA
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
@@ -193,13 +210,27 @@ class DecodeStep:
         rows, columns = self.bucket(n, max(positions) + 1)
         inputs = self.inputs(rows, columns)
         self._rows[rows].write(tokens, positions, eos_bias, allowed)
-        if rows in self.compiled:
+        if compiled := self.compiled.get(rows):
             # the graph itself where it can be (server/compiled.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:
-                outputs = self.graphs((rows, columns), self.compiled[rows], *inputs)
+                outputs = self.graphs((rows, columns), compiled, *inputs)
             else:
-                outputs = self.compiled[rows](*inputs)
+                outputs = compiled(*inputs)
             greedy, logprobs, logits = outputs
         else:
             greedy, logprobs, logits = self.uncompiled(*inputs)
+        greedy, logprobs = self.read_back(rows, greedy, logprobs)
         return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])
+
+    def read_back(self, rows: int, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's outputs on the host. On CUDA: copied into pinned twins without blocking, then one wait
+        for the stream (each `.tolist()` of a device tensor waits once)."""
+        if self.device.type != "cuda":
+            return outputs
+        if rows not in self._host_outputs:
+            self._host_outputs[rows] = tuple(pinned_like(t) for t in outputs)
+        host = self._host_outputs[rows]
+        for h, t in zip(host, outputs, strict=True):
+            h.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host
