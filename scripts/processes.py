@@ -31,7 +31,8 @@ def http_server(store: Path, **settings: str) -> Iterator[tuple[str, subprocess.
     reads fills after a few thousand access-log lines and then blocks the server.
     """
     port = free_port()
-    env = {**os.environ, "TINYSERVE_STORE": str(store), "TINYSERVE_PORT": str(port), "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # the caller's folders kept
+    env = {**os.environ, "TINYSERVE_STORE": str(store), "TINYSERVE_PORT": str(port), "PYTHONPATH": path}
     env.update({f"TINYSERVE_{k.upper()}": v for k, v in settings.items()})
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(

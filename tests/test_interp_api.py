@@ -33,7 +33,8 @@ def interp_store(store, tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def client(interp_store):
     """float32, so that /score (the served weights) and the lens (float32 from the checkpoint) read the same."""
-    with TestClient(create_app(Settings(store=interp_store, dtype="float32", ready_after="all"))) as c:
+    settings = Settings(store=interp_store, device="cpu", dtype="float32", ready_after="all")  # as on any machine
+    with TestClient(create_app(settings)) as c:
         yield c
 
 

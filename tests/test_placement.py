@@ -37,6 +37,6 @@ def test_info_gives_the_placement_and_why(store):
     from server.app import create_app
     from server.config import Settings
 
-    with TestClient(create_app(Settings(store=store))) as client:
+    with TestClient(create_app(Settings(store=store, device="cpu"))) as client:  # the CPU's placement, on any machine
         placement = client.get("/info").json()["placement"]
     assert placement["dtype"] == "float32" and placement["cpu"]["isa"] in placement["why"].upper()

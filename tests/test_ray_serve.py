@@ -7,13 +7,13 @@ import httpx
 import pytest
 import yaml
 
-from scripts.processes import free_port
-from server.config import Settings
-from server.ray_serve import REPLICA_HEADER, RayServeOptions, app_builder, build_app, torch_threads
-from tests.conftest import REPO
-
 ray = pytest.importorskip("ray", reason="the [ray] extra is part of the test install (make test)")
 from ray import serve  # noqa: E402
+
+from scripts.processes import free_port  # noqa: E402
+from server.config import Settings  # noqa: E402
+from server.ray_serve import REPLICA_HEADER, RayServeOptions, app_builder, build_app, torch_threads  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 
 REPLICA = REPLICA_HEADER.decode()
 

@@ -68,7 +68,7 @@ def test_a_run_can_start_from_a_shipped_checkpoint_at_a_longer_context(tmp_path)
         with pytest.raises(ValueError, match="--init-from"):
             train(replace(b, model=other))
     train(replace(b, lr=0.0, min_lr=0.0, final_eval=False))  # no updates: the weights stay the shipped ones
-    started = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["model"]
+    started = torch.load(tmp_path / "b" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
     assert all(torch.equal(started[k], v) for k, v in shipped.state_dict().items())
     assert read_log(tmp_path / "b")[0]["valid_loss"] < math.log(300) - 1.0  # trained from the first step
     assert not (tmp_path / "b" / "tokenizer.json").exists()  # the shipped checkpoint's tokenizer
@@ -84,8 +84,8 @@ def test_runs_are_reproducible_and_resumable(tmp_path):
     b = train(b_cfg)  # ... and resume
     assert a["final_valid_loss"] == b["final_valid_loss"]
     assert [e["valid_loss"] for e in read_log(tmp_path / "a")] == [e["valid_loss"] for e in read_log(tmp_path / "b")]
-    wa = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["model"]
-    wb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["model"]
+    wa = torch.load(tmp_path / "a" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    wb = torch.load(tmp_path / "b" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -154,7 +154,7 @@ def test_patience_stops_the_run_and_ships_the_best_checkpoint(tmp_path):
     assert log[-1]["step"] < 200 and log[-1]["step"] == best["step"] + 2 * 5
     assert metrics["best_step"] == best["step"] and metrics["best_valid_loss"] == best["valid_loss"]
     model, _ = load_gpt(tmp_path / "model")
-    stored = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
+    stored = torch.load(tmp_path / "best.pt", map_location="cpu", weights_only=True)["model"]
     for name, p in model.state_dict().items():
         torch.testing.assert_close(p, stored[name].half().float())
 

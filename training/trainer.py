@@ -167,8 +167,10 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
             ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
         step, log = state["step"], json.loads(state["log"])
-        if "rng" in state:  # dropout masks continue as if never interrupted
-            torch.set_rng_state(state["rng"])
+        if "rng" in state:  # dropout masks continue as if never interrupted (map_location moved it: back to the CPU)
+            torch.set_rng_state(state["rng"].cpu())
+        if "cuda_rng" in state and device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
         if is_main:
             print(f"resumed from {ckpt_path} at step {step}")
 
@@ -203,6 +205,8 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         if ema is not None:
             state["ema"] = ema.state_dict()
+        if device.type == "cuda":  # dropout draws from the device's generator there
+            state["cuda_rng"] = torch.cuda.get_rng_state(device)
         save({**state, "log": json.dumps(log), "rng": torch.get_rng_state()}, ckpt_path)
 
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.model.context_length * world
