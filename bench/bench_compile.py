@@ -1,0 +1,72 @@
+"""One bucket's compile time and step time, the step compiled as one graph or with its blocks as one region.
+
+    .venv/bin/python bench/bench_compile.py [--shape smollm2-135m] [--dtype float32] [--rows 1]
+        [--regional] [--unfrozen]
+
+A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
+as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
+50 steps. --regional: every block one nested compile region (what CUDA does: server/compiled.py,
+compile_blocks_once). --unfrozen: on the CPU, the weights as graph inputs, as on CUDA (no freezing; a
+regional step needs it). Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import server.compiled  # noqa: E402
+from bench.bench_families import SHAPES  # noqa: E402
+from model_store.families import family_of  # noqa: E402
+from models.gpt import GPT  # noqa: E402
+from server.runners.decoder.step import DecodeStep  # noqa: E402
+
+
+def random_model(shape: str, dtype: torch.dtype, device: torch.device) -> GPT:
+    import transformers
+
+    arch, sizes = SHAPES[shape]
+    model_type = {"LlamaForCausalLM": "llama", "GPTNeoXForCausalLM": "gpt_neox", "GPT2LMHeadModel": "gpt2"}[arch]
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=16000, **sizes).to_dict()
+    config["architectures"] = [arch]
+    torch.manual_seed(0)
+    return GPT(family_of(config).config(config, 512)).to(device, dtype).eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="smollm2-135m", choices=list(SHAPES))
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--regional", action="store_true")
+    ap.add_argument("--unfrozen", action="store_true")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.unfrozen:
+        server.compiled.inductor_settings = lambda device, rows: {}
+    model = random_model(args.shape, getattr(torch, args.dtype), device)
+    step = DecodeStep(model, args.rows, regional=args.regional)
+    t = time.perf_counter()
+    step.compiled[args.rows] = server.compiled.BackgroundCompiler(step, [args.rows], None, "bench").build(args.rows)
+    compile_s = time.perf_counter() - t
+    times = []
+    with torch.inference_mode():
+        for i in range(60):
+            t = time.perf_counter()
+            step([5] * args.rows, [20 + i] * args.rows, [0.0] * args.rows, [None] * args.rows)
+            times.append(time.perf_counter() - t)
+    step_ms = 1000 * statistics.median(times[10:])
+    print(f"{args.shape} {args.dtype} {args.rows} rows on {device.type}, regional={args.regional}, "
+          f"unfrozen={args.unfrozen}: compiled in {compile_s:.1f} s, step {step_ms:.2f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
