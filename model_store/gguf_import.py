@@ -132,6 +132,11 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: Arch) -> dict[str, torch.
     return out
 
 
+# tokenizer.ggml.model values read: byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM) and SentencePiece's BPE with byte
+# fallback (Llama 2, TinyLlama, Mistral), both built by transformers' GGUF tokenizer builder
+TOKENIZER_TYPES = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}
+
+
 def gguf_tokenizer(file: Path):
     """The tokenizer the file describes (transformers' GGUF builder), starting a text with BOS where it says so,
     and what tokenizer_config.json keeps of it (BOS, the chat template)."""
@@ -139,9 +144,9 @@ def gguf_tokenizer(file: Path):
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
 
     arch_name, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(file))
-    if tokenizer_dict.get("tokenizer_type") != "gpt2":
-        kind = tokenizer_dict.get("tokenizer_type")
-        raise GGUFError(f"{file}: tokenizer {kind!r} is not read (byte-level BPE, gpt2)")
+    if (kind := tokenizer_dict.get("tokenizer_type")) not in TOKENIZER_TYPES:
+        read = ", ".join(f"{k!r} ({v})" for k, v in TOKENIZER_TYPES.items())
+        raise GGUFError(f"{file}: tokenizer {kind!r} is not read; these are: {read}")
     tokenizer, _ = convert_gguf_tokenizer(arch_name, tokenizer_dict)
     bos = tokenizer_config.get("bos_token")
     if tokenizer_config.get("add_bos_token") and bos is not None:

@@ -226,3 +226,66 @@ def test_the_command_line_writes_and_reads_gguf(tmp_path, tiny_tokenizer, monkey
     with pytest.raises(SystemExit) as e:
         tinyserve(["export", "tiny", str(tmp_path / "hf"), "--dtype", "q8_0"])
     assert e.value.code == 2 and "q8_0 is for --format gguf" in capsys.readouterr().err
+
+
+def sentencepiece_vocabulary(size: int) -> tuple[list[str], list[float], list[int]]:
+    """A Llama-2-style vocabulary of `size` pieces, as llama.cpp writes one: <unk>, <s>, </s>, the 256 byte
+    pieces, then pieces of words (with their scores and token types)."""
+    words = "the castle was built in and its walls still stand one zero six , . a b c d e f g h i j k l m n o p r s t u"
+    pieces = ["▁", *(c for c in "abcdefghijklmnoprstuw0123456789,."), *(f"▁{w}" for w in words.split())]
+    pieces += ["st", "an", "in", "al", "ll", "ui", "lt", "wa", "ca", "le", "th", "he", "ts", "nd", "il", "ti"]
+    pieces = list(dict.fromkeys(pieces))
+    pieces += [f"▁x{i}" for i in range(size - 259 - len(pieces))]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(pieces)]  # unknown, control, byte, normal
+    return tokens, scores, types
+
+
+def with_sentencepiece_tokenizer(src, out, size: int) -> None:
+    """The GGUF file `src` again, its tokenizer replaced by a SentencePiece one of `size` pieces."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(out), arch)
+    for name, field in reader.fields.items():
+        if not name.startswith(("GGUF.", "general.architecture", "tokenizer.")):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(name, field.contents(), field.types[0], sub)
+    tokens, scores, types = sentencepiece_vocabulary(size)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it(tmp_path, tiny_tokenizer):
+    """A Llama-2-style file (tokenizer.ggml.model 'llama': SentencePiece BPE with byte fallback, BOS first):
+    the store's tokenizer, as the server encodes a text, gives the ids transformers gives reading the same
+    file, BOS included, and decodes them back to the text; the weights are the file's."""
+    from transformers import AutoTokenizer
+
+    from server.runners.decoder.runner import TokenizersCodec
+
+    theirs, folder = stored_family(tmp_path, "llama", tiny_tokenizer)
+    with_sentencepiece_tokenizer(export_gguf(folder, tmp_path / "bpe.gguf"), tmp_path / "sp.gguf", 400)
+    back, tokenizer = load_gpt(add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store"))
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="sp.gguf")
+    codec = TokenizersCodec(tokenizer)
+    for text in (TEXT, "walls stand", "Ünïcode ☃ falls back to bytes"):
+        ids = codec.encode(text)
+        assert ids == reference(text)["input_ids"] and ids[0] == 1
+        assert codec.decode(ids) == text
+    assert len(codec.encode("the castle")) < len("the castle")  # pieces, not one byte a token
+    ids = tiny_tokenizer.encode(TEXT).ids
+    torch.testing.assert_close(logits(back, ids), logits(theirs, ids), rtol=0, atol=1e-4)
