@@ -114,6 +114,7 @@ def bench_model(args, model: str, work: Path) -> list[dict]:
         for n in args.streams:
             bucket = next(b for b in buckets(top) if b >= n)
             wait_compiled(logs["compiled"], bucket, args.ready_limit_s)
+            emit({"model": model, "compile_s": compile_seconds(logs["compiled"])})  # as they come: a cut run keeps them
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(args.rounds + 1):
                 for name, tokens_per_s in sides.items():
