@@ -11,8 +11,9 @@ llama.cpp architectures covers our GPT and every family model_store/families.py 
   which leaves q . k unchanged;
 - our GPT scales its token embedding by sqrt(d_model) inside the model: the file stores it scaled, and
   the unscaled copy as the output head.
-Tokenizers are byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM): written with gguf's vocabulary readers and
-the pre-tokenizer's llama.cpp name. This file writes; model_store/gguf_import.py reads with the same table.
+Tokenizers are byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM), written with gguf's vocabulary readers and the
+pre-tokenizer's llama.cpp name, or SentencePiece's BPE with byte fallback (Llama 2, TinyLlama, Mistral), written
+as llama.cpp's 'llama' vocabulary. This file writes; model_store/gguf_import.py reads with the same table.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def export_gguf(folder: Path, out: Path, out_type: str = "f32") -> Path:
     c = model.config
     arch_name = gguf_architecture(c)
     arch = ARCHES[arch_name]
-    vocab = byte_level_vocabulary(folder, c.vocab_size, c.eos_token_id)
+    vocab = vocabulary(folder, c.vocab_size, c.eos_token_id)
     part = out.with_name(out.name + ".part")  # a failed export leaves no file llama.cpp would half-read
     writer = gguf.GGUFWriter(str(part), arch_name)
     try:
@@ -249,6 +250,66 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str:
         if names:
             return "llama-bpe" if "llama-bpe" in names else names[0]
     raise GGUFError(f"pre-tokenizer {json.dumps(pre)[:200]} has no llama.cpp name")
+
+
+def vocabulary(folder: Path, vocab_size: int, eos: int):
+    """A function writing the folder's tokenizer into a GGUFWriter (checked before any write): SentencePiece's BPE
+    (byte fallback: Llama 2, TinyLlama, Mistral) as llama.cpp's 'llama' vocabulary, else byte-level BPE ('gpt2')."""
+    model = json.loads((folder / "tokenizer.json").read_text()).get("model", {})
+    if model.get("type") == "BPE" and model.get("byte_fallback"):
+        return sentencepiece_vocabulary(folder, vocab_size, eos)
+    return byte_level_vocabulary(folder, vocab_size, eos)
+
+
+def sentencepiece_vocabulary(folder: Path, vocab_size: int, eos: int):
+    """The folder's SentencePiece BPE as llama.cpp's 'llama' vocabulary. A piece's score is minus the rank of the
+    merge that makes it: SentencePiece and llama.cpp merge the best-scored pair first, as BPE takes merges in order
+    (transformers' GGUF reader recovers the merges from these scores)."""
+    import gguf
+    from tokenizers import Tokenizer
+
+    tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
+    model = tokenizer_json["model"]
+    pieces = {i: text for text, i in model["vocab"].items()} | {
+        t["id"]: t["content"] for t in tokenizer_json["added_tokens"]
+    }
+    if sorted(pieces) != list(range(len(pieces))) or len(pieces) > vocab_size:
+        raise GGUFError(f"{folder / 'tokenizer.json'}: ids are not 0..n-1 within the model's vocab_size {vocab_size}")
+    made_by = {}
+    for rank, merge in enumerate(model.get("merges", [])):
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
+        made_by.setdefault(left + right, rank)
+    special = {t["id"] for t in tokenizer_json["added_tokens"] if t.get("special")}
+    tokens, scores, types = [], [], []
+    for i in range(vocab_size):
+        text = pieces.get(i, f"[PAD{i}]")  # embedding rows past the vocabulary
+        tokens.append(text)
+        scores.append(-float(made_by.get(text, 0)))
+        if i not in pieces:
+            types.append(gguf.TokenType.UNUSED)
+        elif text == model.get("unk_token"):
+            types.append(gguf.TokenType.UNKNOWN)
+        elif i in special:
+            types.append(gguf.TokenType.CONTROL)
+        elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    specials = gguf.SpecialVocab(folder, load_merges=False, n_vocab=vocab_size)
+    specials.special_token_ids["eos"] = eos  # the model's own end of text, whatever the tokenizer files say
+    bos = specials.special_token_ids.get("bos")
+    specials.add_special_token["bos"] = bos is not None and Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+        "a"
+    ).ids[:1] == [bos]  # whether the tokenizer starts a text with BOS
+
+    def write(writer) -> None:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        specials.add_to_gguf(writer, quiet=True)
+
+    return write
 
 
 def byte_level_vocabulary(folder: Path, vocab_size: int, eos: int):

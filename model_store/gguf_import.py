@@ -1,6 +1,6 @@
 """A GGUF file into the store: the file's architecture (one of model_store/gguf_files.py's table) read
 back into our decoder's config and weight names, tensors dequantized with gguf's own kernels, and the
-tokenizer rebuilt from the file by transformers' GGUF builder (byte-level BPE)."""
+tokenizer rebuilt from the file by transformers' GGUF builder (byte-level BPE or SentencePiece)."""
 
 from __future__ import annotations
 

@@ -289,3 +289,24 @@ def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it
     assert len(codec.encode("the castle")) < len("the castle")  # pieces, not one byte a token
     ids = tiny_tokenizer.encode(TEXT).ids
     torch.testing.assert_close(logits(back, ids), logits(theirs, ids), rtol=0, atol=1e-4)
+
+
+def test_a_sentencepiece_tokenizer_leaves_through_gguf_and_comes_back(tmp_path, tiny_tokenizer):
+    """A store folder with a SentencePiece BPE tokenizer (here: one read from a Llama-2-style file) is exported
+    as llama.cpp's 'llama' vocabulary, each piece scored by its merge's rank: transformers reads the file's
+    tokenizer as ours, and the store reads it back with the same ids, BOS first."""
+    from transformers import AutoTokenizer
+
+    from server.runners.decoder.runner import TokenizersCodec
+
+    _, folder = stored_family(tmp_path, "llama", tiny_tokenizer)
+    with_sentencepiece_tokenizer(export_gguf(folder, tmp_path / "bpe.gguf"), tmp_path / "sp.gguf", 400)
+    first = add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store")
+    out = export_gguf(first, tmp_path / "again.gguf")
+    _, tokenizer = load_gpt(add_checkpoint(out, "again", tmp_path / "store"))
+    ours, back = TokenizersCodec(load_gpt(first)[1]), TokenizersCodec(tokenizer)
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="again.gguf")
+    for text in (TEXT, "walls stand", "the castle still stands", "Ünïcode ☃"):
+        ids = ours.encode(text)
+        assert back.encode(text) == ids == reference(text)["input_ids"] and ids[0] == 1
+        assert back.decode(ids) == text
