@@ -22,6 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,7 +129,7 @@ def export_gguf(folder: Path, out: Path, out_type: str = "f32") -> Path:
         file_type = "ALL_F32" if out_type == "f32" else f"MOSTLY_{out_type.upper()}"
         writer.add_file_type(getattr(gguf.LlamaFileType, file_type))
         write_hyperparameters(writer, c, arch_name)
-        vocab(writer)
+        vocab.write(writer)
         for name, tensor in gguf_tensors(model, arch).items():
             write_tensor(writer, name, tensor, out_type)
         writer.write_header_to_file()
@@ -252,8 +253,31 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str:
     raise GGUFError(f"pre-tokenizer {json.dumps(pre)[:200]} has no llama.cpp name")
 
 
-def vocabulary(folder: Path, vocab_size: int, eos: int):
-    """A function writing the folder's tokenizer into a GGUFWriter (checked before any write): SentencePiece's BPE
+@dataclass
+class Vocabulary:
+    """A tokenizer as llama.cpp's fields: its model ('gpt2' or 'llama'), pieces in id order with their types
+    (and scores), the special tokens (gguf.SpecialVocab), and the pre-tokenizer's name."""
+
+    model: str
+    tokens: list[str]
+    types: list
+    specials: Any
+    scores: list[float] | None = None
+    pre: str | None = None
+
+    def write(self, writer) -> None:
+        writer.add_tokenizer_model(self.model)
+        if self.pre is not None:
+            writer.add_tokenizer_pre(self.pre)
+        writer.add_token_list(self.tokens)
+        if self.scores is not None:
+            writer.add_token_scores(self.scores)
+        writer.add_token_types(self.types)
+        self.specials.add_to_gguf(writer, quiet=True)
+
+
+def vocabulary(folder: Path, vocab_size: int, eos: int) -> Vocabulary:
+    """The folder's tokenizer as llama.cpp's fields (checked before any write): SentencePiece's BPE
     (byte fallback: Llama 2, TinyLlama, Mistral) as llama.cpp's 'llama' vocabulary, else byte-level BPE ('gpt2')."""
     model = json.loads((folder / "tokenizer.json").read_text()).get("model", {})
     if model.get("type") == "BPE" and model.get("byte_fallback"):
@@ -261,7 +285,7 @@ def vocabulary(folder: Path, vocab_size: int, eos: int):
     return byte_level_vocabulary(folder, vocab_size, eos)
 
 
-def sentencepiece_vocabulary(folder: Path, vocab_size: int, eos: int):
+def sentencepiece_vocabulary(folder: Path, vocab_size: int, eos: int) -> Vocabulary:
     """The folder's SentencePiece BPE as llama.cpp's 'llama' vocabulary. A piece's score is minus the rank of the
     merge that makes it: SentencePiece and llama.cpp merge the best-scored pair first, as BPE takes merges in order
     (transformers' GGUF reader recovers the merges from these scores)."""
@@ -298,22 +322,13 @@ def sentencepiece_vocabulary(folder: Path, vocab_size: int, eos: int):
     specials = gguf.SpecialVocab(folder, load_merges=False, n_vocab=vocab_size)
     specials.special_token_ids["eos"] = eos  # the model's own end of text, whatever the tokenizer files say
     bos = specials.special_token_ids.get("bos")
-    specials.add_special_token["bos"] = bos is not None and Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
-        "a"
-    ).ids[:1] == [bos]  # whether the tokenizer starts a text with BOS
-
-    def write(writer) -> None:
-        writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
-        writer.add_token_scores(scores)
-        writer.add_token_types(types)
-        specials.add_to_gguf(writer, quiet=True)
-
-    return write
+    starts = Tokenizer.from_file(str(folder / "tokenizer.json")).encode("a").ids[:1]
+    specials.add_special_token["bos"] = bos is not None and starts == [bos]  # the tokenizer starts a text with BOS
+    return Vocabulary("llama", tokens, types, specials, scores=scores)
 
 
-def byte_level_vocabulary(folder: Path, vocab_size: int, eos: int):
-    """A function writing the folder's byte-level BPE tokenizer into a GGUFWriter (checked before any write)."""
+def byte_level_vocabulary(folder: Path, vocab_size: int, eos: int) -> Vocabulary:
+    """The folder's byte-level BPE tokenizer as llama.cpp's 'gpt2' vocabulary."""
     import gguf
 
     try:
@@ -334,12 +349,4 @@ def byte_level_vocabulary(folder: Path, vocab_size: int, eos: int):
         types.append(gguf.TokenType.UNUSED)
     specials = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
     specials.special_token_ids["eos"] = eos  # the model's own end of text, whatever the tokenizer files say
-
-    def write(writer) -> None:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        specials.add_to_gguf(writer, quiet=True)
-
-    return write
+    return Vocabulary("gpt2", tokens, types, specials, pre=pre)
