@@ -5,7 +5,8 @@
 
 Each model is exported with `tinyserve export MODEL OUT --format gguf`, served by llama-server (1 slot,
 2 threads, prompts as token ids so no tokenizer is involved), and for each prompt its 64 greedy tokens
-(EOS ignored) are compared with our decoder's (the engine in float32, EOS masked). It also reads the
+(EOS ignored) are compared with our decoder's (the engine in float32, EOS masked), and its token ids for a
+few texts (llama-server's /tokenize) with the server's encoding of them (BOS included). It also reads the
 file back (`tinyserve store add FILE.gguf`) and compares that copy's greedy tokens. A tool run by hand
 (it needs llama.cpp's build: `bash ../shared/peers/setup.sh`), not a test. --families adds small random
 transformers checkpoints of each family with our tokenizer (weights spread as the tests spread them, so
@@ -34,9 +35,10 @@ from model_store.gguf_import import import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.engine import GenerationEngine  # noqa: E402
-from server.runners.decoder.runner import GPTRunner  # noqa: E402
+from server.runners.decoder.runner import GPTRunner, TokenizersCodec  # noqa: E402
 
 PROMPTS = ["The history of the city begins in the early Middle Ages , when", "In 1998 , the band released", "He"]
+TEXTS = [*PROMPTS, "Ünïcode ☃ and  two spaces", " a leading space"]  # tokenized by llama-server and by us
 
 
 def ours(folder: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
@@ -50,7 +52,11 @@ def ours(folder: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
         engine.stop()
 
 
-def llama(bin_dir: Path, gguf: Path, prompts: list[list[int]], new: int, port: int = 8941) -> list[list[int]]:
+def llama(
+    bin_dir: Path, gguf: Path, prompts: list[list[int]], new: int, port: int = 8941, texts: list[str] = ()
+) -> list[list[int]]:
+    """llama-server's greedy tokens after each prompt; with texts, then its token ids for each text (the file's
+    tokenizer, BOS as the file says)."""
     cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(port), "-t", "2", "-np", "1", "-c", "1024"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -72,8 +78,12 @@ def llama(bin_dir: Path, gguf: Path, prompts: list[list[int]], new: int, port: i
             "cache_prompt": False,
             "return_tokens": True,
         }
-        return [
-            httpx.post(base + "/completion", json={**body, "prompt": p}, timeout=300).json()["tokens"] for p in prompts
+
+        def tokens(route: str, request: dict) -> list[int]:
+            return httpx.post(base + route, json=request, timeout=300).json()["tokens"]
+
+        return [tokens("/completion", {**body, "prompt": p}) for p in prompts] + [
+            tokens("/tokenize", {"content": t, "add_special": True}) for t in texts
         ]
     finally:
         proc.terminate()
@@ -157,10 +167,13 @@ def main() -> None:
         prompts = [tokenizer.encode(p).ids for p in PROMPTS]
         want = ours(folder, prompts, args.tokens)
         gguf = export_gguf(folder, scratch / f"{name}.gguf", args.type)
+        theirs = llama(bin_dir, gguf, prompts, args.tokens, texts=TEXTS)
+        codec = TokenizersCodec(tokenizer)
         # first differing token (null: all equal), llama-server and the file read back against ours
         report = {
             "exported": args.type,
-            "llama_server": differences(llama(bin_dir, gguf, prompts, args.tokens), want),
+            "llama_server": differences(theirs[: len(prompts)], want),
+            "llama_server_tokenize": differences(theirs[len(prompts) :], [codec.encode(t) for t in TEXTS]),
             "read_back": differences(ours(import_gguf(gguf, scratch / f"{name}-read"), prompts, args.tokens), want),
         }
         if (store / "src" / name).is_dir():  # files llama.cpp's own converter makes, read by us
