@@ -24,19 +24,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import server.compiled  # noqa: E402
-from bench.bench_families import SHAPES  # noqa: E402
+from bench.bench_families import SHAPES, shape_config  # noqa: E402
 from model_store.families import family_of  # noqa: E402
 from models.gpt import GPT  # noqa: E402
 from server.runners.decoder.step import DecodeStep  # noqa: E402
 
 
 def random_model(shape: str, dtype: torch.dtype, device: torch.device) -> GPT:
-    import transformers
-
-    arch, sizes = SHAPES[shape]
-    model_type = {"LlamaForCausalLM": "llama", "GPTNeoXForCausalLM": "gpt_neox", "GPT2LMHeadModel": "gpt2"}[arch]
-    config = transformers.AutoConfig.for_model(model_type, vocab_size=16000, **sizes).to_dict()
-    config["architectures"] = [arch]
+    config = shape_config(shape).to_dict()
     torch.manual_seed(0)
     return GPT(family_of(config).config(config, 512)).to(device, dtype).eval()
 

@@ -44,9 +44,8 @@ SHAPES = {  # the shapes of the checkpoints people serve, with our 16k vocabular
 }  # fmt: skip
 
 
-def make_checkpoint(shape: str, folder: Path) -> int:
-    """A random transformers model at the shape, saved with our tokenizer; returns its parameter count."""
-    import torch
+def shape_config(shape: str):
+    """The transformers config of the shape, with our tokenizer's vocabulary and end of text."""
     import transformers
     from tokenizers import Tokenizer
 
@@ -59,6 +58,15 @@ def make_checkpoint(shape: str, folder: Path) -> int:
     config = transformers.AutoConfig.for_model({"LlamaForCausalLM": "llama", "GPTNeoXForCausalLM": "gpt_neox",
                                                 "GPT2LMHeadModel": "gpt2"}[arch], **common, **kwargs)  # fmt: skip
     config.architectures = [arch]
+    return config
+
+
+def make_checkpoint(shape: str, folder: Path) -> int:
+    """A random transformers model at the shape, saved with our tokenizer; returns its parameter count."""
+    import torch
+    import transformers
+
+    config = shape_config(shape)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)

@@ -111,7 +111,7 @@ def inductor_settings(device: torch.device, rows: int) -> dict:
 def compile_blocks_once(blocks: torch.nn.ModuleList) -> None:
     """Regional compilation: every block's forward becomes the same nested compile region, which the compiler
     traces and builds for the first block and stamps out for the others (a 30-block Llama step on the CPU,
-    weights as graph inputs, an empty inductor cache: 25 against 65 s, the step as fast; bench/bench_compile.py).
+    weights as graph inputs, an empty inductor cache: 28 against 68 s, the step as fast; bench/bench_compile.py).
     The weights must be graph inputs: under freezing (the CPU's prepacked constants) dynamo cannot lift them
     into the region. Eager calls are unchanged (the region is a no-op outside a compile)."""
     region = torch.compiler.nested_compile_region(type(blocks[0]).forward)

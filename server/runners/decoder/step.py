@@ -150,7 +150,9 @@ class DecodeStep:
         # regional compilation (the default on CUDA, where the weights are graph inputs): a bucket's blocks
         # compile once for all layers; a 30-layer model's bucket took minutes otherwise (H200). Not on the
         # CPU: its graphs freeze the weights into prepacked constants, which a shared region cannot take.
-        if self.device.type == "cuda" if regional is None else regional:
+        if regional is None:
+            regional = self.device.type == "cuda"
+        if regional:
             compile_blocks_once(model.blocks)
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}
