@@ -269,6 +269,13 @@ def with_sentencepiece_tokenizer(src, out, size: int) -> None:
     writer.close()
 
 
+def sentencepiece_file(tmp_path, tokenizer):
+    """tmp_path/sp.gguf: the tests' tiny Llama with a Llama-2-style vocabulary of 400 pieces; returns the model."""
+    model, folder = stored_family(tmp_path, "llama", tokenizer)
+    with_sentencepiece_tokenizer(export_gguf(folder, tmp_path / "bpe.gguf"), tmp_path / "sp.gguf", 400)
+    return model
+
+
 def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it(tmp_path, tiny_tokenizer):
     """A Llama-2-style file (tokenizer.ggml.model 'llama': SentencePiece BPE with byte fallback, BOS first):
     the store's tokenizer, as the server encodes a text, gives the ids transformers gives reading the same
@@ -277,8 +284,7 @@ def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it
 
     from server.runners.decoder.runner import TokenizersCodec
 
-    theirs, folder = stored_family(tmp_path, "llama", tiny_tokenizer)
-    with_sentencepiece_tokenizer(export_gguf(folder, tmp_path / "bpe.gguf"), tmp_path / "sp.gguf", 400)
+    theirs = sentencepiece_file(tmp_path, tiny_tokenizer)
     back, tokenizer = load_gpt(add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store"))
     reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="sp.gguf")
     codec = TokenizersCodec(tokenizer)
@@ -299,8 +305,7 @@ def test_a_sentencepiece_tokenizer_leaves_through_gguf_and_comes_back(tmp_path, 
 
     from server.runners.decoder.runner import TokenizersCodec
 
-    _, folder = stored_family(tmp_path, "llama", tiny_tokenizer)
-    with_sentencepiece_tokenizer(export_gguf(folder, tmp_path / "bpe.gguf"), tmp_path / "sp.gguf", 400)
+    sentencepiece_file(tmp_path, tiny_tokenizer)
     first = add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store")
     out = export_gguf(first, tmp_path / "again.gguf")
     _, tokenizer = load_gpt(add_checkpoint(out, "again", tmp_path / "store"))
