@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
 
         return serve(rest)
     if args.command == "serve-ray":
-        from server.ray_serve import main as serve_ray
-
+        try:
+            from server.ray_serve import main as serve_ray
+        except ImportError as e:  # Ray is an extra
+            parser.error(f"serve-ray needs Ray Serve, the [ray] extra: pip install -e '.[ray]' ({e})")
         return serve_ray(rest)
     from training.__main__ import main as training
 

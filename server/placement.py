@@ -65,7 +65,8 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
     if weights == "int8":
         kernels = f"int8 few-row products: {int8_kernel_name(dtype)}; {kernels}"
         why.append("weights=int8")
-    return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {f.name}", f)
+    cpu_class = f.name if f.name.upper() == f.isa else f"{f.name} ({f.isa})"  # e.g. "amx (AVX512)"
+    return Placement(device, dtype, weights, kernels, "; ".join(why) + f"; cpu {cpu_class}", f)
 
 
 def int8_kernel_name(dtype: torch.dtype) -> str:

@@ -35,10 +35,13 @@ def test_both_variants_start_from_identical_weights(preset):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_softmax1_model_output_differs_from_softmax0_with_same_weights(preset):
-    ids = torch.randint(5, 120, (2, 10))
+    ids = torch.randint(5, 120, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = tiny("softmax0", preset=preset), tiny("softmax1", preset=preset)
-        assert not torch.allclose(a(ids).logits, b(ids).logits, atol=1e-4)
+        # at initialisation attention adds little to the logits: the variants differ by ~1e-4, float32's
+        # rounding by ~1e-7 (the same model twice: equal)
+        assert torch.allclose(a(ids).logits, tiny("softmax0", preset=preset)(ids).logits, atol=1e-6)
+        assert not torch.allclose(a(ids).logits, b(ids).logits, atol=1e-5)
 
 
 def test_softmax1_attention_matches_hand_computation():
@@ -166,12 +169,18 @@ def test_order_gap_is_zero_without_positions_and_positive_with_them(mlm_tokenize
         for layer in model.model.layers:  # sharp attention, so that what a token attends to matters
             layer.attn.Wqkv.weight.mul_(20)
             layer.attn.Wo.weight.mul_(50)
-    with_rope = evaluate_mlm(model, mlm_tokenizer, blocks)
+
+    # a random model's gap on a few dozen masked tokens has either sign and any size (0.003 on one CPU,
+    # -0.0007 on another): its mean size over several masks and shuffles is what is not noise
+    def gaps() -> list[float]:
+        return [abs(evaluate_mlm(model, mlm_tokenizer, blocks, seed=seed)["order_gap"]) for seed in range(4)]
+
+    with_rope = gaps()
     with torch.no_grad():
         model.model.rotary_emb.full_attention_inv_freq.zero_()  # rotation by angle 0: no positions
-    without = evaluate_mlm(model, mlm_tokenizer, blocks)
-    assert abs(without["order_gap"]) < 1e-4
-    assert abs(with_rope["order_gap"]) > 1e-3
+    without = gaps()
+    assert max(without) < 1e-4
+    assert sum(with_rope) / len(with_rope) > 1e-3
 
 
 def test_rotary_preset_is_global_attention_with_the_studied_biases():

@@ -1,5 +1,7 @@
 """The CPU's features decide the dtype, the prepacking and the int8 kernel; /info says which and why."""
 
+from dataclasses import replace
+
 import torch
 
 from models import cpu
@@ -22,6 +24,9 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch)
     emulate_cpu(monkeypatch, AVX2)
     p = plan("cpu", "auto", "native")
     assert p.dtype == torch.float32 and "no AVX512-BF16 or AMX" in p.why and "cpu avx2" in p.why
+    emulate_cpu(monkeypatch, replace(AVX512_BF16, amx=True))  # a Xeon since Sapphire Rapids
+    p = plan("cpu", "auto", "native")
+    assert p.dtype == torch.bfloat16 and p.why.endswith("; cpu amx (AVX512)")
 
 
 def test_explicit_bf16_without_onednn_bf16_serves_on_atens_kernels_and_says_so(monkeypatch):

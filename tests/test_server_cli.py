@@ -45,8 +45,26 @@ def test_tinyserve_dispatches_to_each_modules_own_parser(capsys):
     assert exit_info.value.code == 2 and "gpt, esperberto, tokenizer" in capsys.readouterr().err
     for argv, prog in ((["train", "esperberto", "--help"], "python -m training esperberto"),
                        (["kurtosis", "--help"], "python -m training kurtosis"),
-                       (["serve", "--help"], "python -m server"),
-                       (["serve-ray", "--help"], "tinyserve serve-ray")):  # fmt: skip
+                       (["serve", "--help"], "python -m server")):  # fmt: skip
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0 and f"usage: {prog}" in capsys.readouterr().out, argv
+
+
+def test_serve_ray_has_its_own_parser(capsys):
+    pytest.importorskip("ray", reason="the [ray] extra is part of the test install (make test)")
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve-ray", "--help"])
+    assert exit_info.value.code == 0 and "usage: tinyserve serve-ray" in capsys.readouterr().out
+
+
+def test_serve_ray_without_ray_says_which_extra_in_one_line(capsys, monkeypatch):
+    from server.cli import main
+
+    monkeypatch.setitem(sys.modules, "server.ray_serve", None)  # as if `ray` were not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve-ray"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "serve-ray needs Ray Serve, the [ray] extra" in err and "Traceback" not in err
