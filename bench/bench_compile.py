@@ -1,13 +1,14 @@
 """One bucket's compile time and step time, the step compiled as one graph or with its blocks as one region.
 
     .venv/bin/python bench/bench_compile.py [--shape smollm2-135m] [--dtype float32] [--rows 1]
-        [--regional] [--unfrozen]
+        [--regional] [--unfrozen] [--phases]
 
 A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
 50 steps. --regional: every block one nested compile region (what CUDA does: server/compiled.py,
 compile_blocks_once). --unfrozen: on the CPU, the weights as graph inputs, as on CUDA (no freezing; a
-regional step needs it). Run it on an idle machine.
+regional step needs it). --phases: dynamo's and inductor's time per phase, each call's time listed (a region traced
+once per block lists as many). Run it on an idle machine with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--regional", action="store_true")
     ap.add_argument("--unfrozen", action="store_true")
+    ap.add_argument("--phases", action="store_true")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.unfrozen:
@@ -52,6 +54,8 @@ def main() -> None:
     t = time.perf_counter()
     step.compiled[args.rows] = server.compiled.BackgroundCompiler(step, [args.rows], None, "bench").build(args.rows)
     compile_s = time.perf_counter() - t
+    if args.phases:
+        print(torch._dynamo.utils.compile_times(repr="str"))
     times = []
     with torch.inference_mode():
         for i in range(60):

@@ -11,7 +11,8 @@ process of its own; ours and the peer alternate within every round (after a warm
 results give the median tok/s per side and the median per-round ratio. n streams are n concurrent
 /v1/completions requests of the same 14-token prompt, greedy, exactly --new-tokens tokens each; the peer
 runs them as one batch. Time to first token: one request with a --ttft-tokens prompt (capped at the
-model's context less 16), best of 3. Also: each compiled bucket's compile time (the server's log: from
+model's context less 16), best of 3. Stream counts are measured in the order the server builds their buckets
+(one stream, the most, then the rest). Also: each compiled bucket's compile time (the server's log: from
 the compile cache where an earlier server on the machine compiled it). --store keeps the random checkpoints
 (--prepare: only make them), so that servers started beside this script compile the same weights.
 One JSON line per measurement as it is made, so a run cut short keeps what it measured.
@@ -39,6 +40,7 @@ from bench import bench_families  # noqa: E402
 from bench.serving_sides import Worker  # noqa: E402
 from model_store import STORE_ROOT  # noqa: E402
 from server.compiled import buckets  # noqa: E402
+from server.runners.decoder.step import compile_order  # noqa: E402
 
 
 def our_server(store: Path, model: str, port: int, compiled: bool, streams: int, log: Path) -> subprocess.Popen:
@@ -111,8 +113,10 @@ def bench_model(args, model: str, work: Path) -> list[dict]:
             "transformers": lambda prompts, new: len(prompts) * new / hf("batch_s", prompts, new),
         }
         prompt = hf("prompt")
-        for n in args.streams:
-            bucket = next(b for b in buckets(top) if b >= n)
+        bucket_of = {n: next(b for b in buckets(top) if b >= n) for n in args.streams}
+        order = compile_order(buckets(top), top, padding_is_free=True)  # the server's build order on CUDA
+        for n in sorted(args.streams, key=lambda n: order.index(bucket_of[n])):  # each as soon as it can be
+            bucket = bucket_of[n]
             wait_compiled(logs["compiled"], bucket, args.ready_limit_s)
             emit({"model": model, "compile_s": compile_seconds(logs["compiled"])})  # as they come: a cut run keeps them
             rates: dict[str, list[float]] = {name: [] for name in sides}

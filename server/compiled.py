@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import torch
+from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
 
@@ -337,10 +338,23 @@ class BackgroundCompiler:
 
     @torch.inference_mode()
     def build(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
-        """Compile one bucket and check it against the eager function on the same scratch inputs."""
+        """Compile one bucket, checked against the eager function, its compiler artifacts saved for the next
+        start: this build's alone (the record is per process: each file held every earlier build's too)."""
         saved = self.artifact(bucket)
-        if saved is not None and saved.exists():
-            torch.compiler.load_cache_artifacts(saved.read_bytes())
+        with CacheArtifactManager.with_fresh_cache():
+            if saved is not None and saved.exists():
+                torch.compiler.load_cache_artifacts(saved.read_bytes())
+            compiled = self.checked(bucket)
+            if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
+                try:
+                    saved.parent.mkdir(parents=True, exist_ok=True)
+                    saved.write_bytes(artifacts[0])
+                except OSError as e:  # e.g. a read-only file system: the step is built, only the cache is lost
+                    log.warning("could not cache %s: %s", saved, e)
+        return compiled
+
+    def checked(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
+        """The bucket's compiled function, after its outputs on scratch inputs matched the eager function's."""
         rows = self.target.matmul_rows(bucket)
         settings = inductor_settings(self.target.device, rows)
         fallback = PREPACKED if self.target.device.type == "cpu" else settings
@@ -356,12 +370,6 @@ class BackgroundCompiler:
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))
         if diff > TOLERANCE[self.target.dtype]:
             raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[self.target.dtype]:.0e}")
-        if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
-            try:
-                saved.parent.mkdir(parents=True, exist_ok=True)
-                saved.write_bytes(artifacts[0])
-            except OSError as e:  # e.g. a read-only file system: the step is built, only the cache is lost
-                log.warning("could not cache %s: %s", saved, e)
         return compiled
 
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:

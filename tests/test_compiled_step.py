@@ -382,7 +382,9 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
         assert filled.status_code == 200
-    assert any(tmp_path.rglob("DecodeStep_1.bin"))  # cached for the next start
+    # cached for the next start where inductor can: CUDA's graphs (the CPU's frozen ones hold oneDNN tensors,
+    # which it does not pickle; their file only ever held other builds' artifacts)
+    assert any(tmp_path.rglob("DecodeStep_1.bin")) == (gpt.runner.device.type == "cuda")
 
 
 def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path):

@@ -1,10 +1,11 @@
-"""Regional compilation, CUDA's way (the weights graph inputs), run on the CPU: the blocks of a decode step are
-one nested compile region (server/compiled.py: compile_blocks_once)."""
+"""CUDA's ways of building decode steps, run on the CPU: the blocks of a step as one nested compile region
+(server/compiled.py: compile_blocks_once), and buckets not built yet running on a larger built one."""
 
 import pytest
 import torch
 
 from server.compiled import BackgroundCompiler
+from server.runners.decoder.runner import GPTRunner
 from server.runners.decoder.step import DecodeStep
 from tests.conftest import tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
@@ -28,8 +29,14 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
     with torch.inference_mode():
         for t in step.cache.tensors():
             t.normal_()
+    traced: list[torch.fx.GraphModule] = []  # the graphs dynamo hands the backend
+    capture = server.compiled.GraphCapture.__call__
+    monkeypatch.setattr(server.compiled.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i))
     for rows in step.compile_order(4):
         step.compiled[rows] = compiler.build(rows)
+        calls = [n for n in traced[-1].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+        # every block calls the one region (torch 2.11 traced a region per block: 30 for a 30-layer model)
+        assert len(calls) == 3 and len({n.args[0].target for n in calls}) == 1
         _, columns = step.bucket(rows, 40)
         with torch.inference_mode():  # as the engine makes them
             tok, pos, bias, allowed, *cache = step.inputs(rows, columns)
@@ -40,3 +47,31 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
                 got = step.compiled[rows](tok, pos, bias, allowed, *cache)
         assert got[0].tolist() == want[0].tolist()
         torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
+
+
+def test_where_padding_is_free_a_bucket_not_built_runs_on_the_smallest_larger_one_built():
+    """CUDA's policy (a step costs about the same at any row count there), switched on for a CPU step: the
+    largest bucket is built second, and until a bucket is built its rows run padded on the smallest larger
+    built one, with the tokens and logprobs of their own."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8)
+    step = runner.step
+    assert step.compile_order(8) == [1, 2, 4, 8]
+    step.padding_is_free = True
+    assert step.compile_order(8) == [1, 8, 2, 4]
+    ran: list[int] = []
+
+    def built(*inputs: torch.Tensor):  # bucket 8's step: the eager one, recording its rows
+        ran.append(inputs[0].shape[0])
+        return step.uncompiled(*inputs)
+
+    args = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3)  # three rows: bucket 4
+    with torch.inference_mode():
+        runner.prefill([0, 1, 2], [[5, 17, 3], [1, 2], [9, 9, 9, 9]])
+        want = step(*args)  # bucket 4 is not built and nothing larger is: eager on 4 rows
+        step.compiled[8] = built
+        got = step(*args)
+        step.compiled[4] = built
+        step(*args)
+    assert ran == [8, 4]
+    assert got.greedy == want.greedy and got.logits.shape == (3, 97)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
