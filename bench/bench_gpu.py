@@ -114,7 +114,7 @@ def bench_model(args, model: str, work: Path) -> list[dict]:
         }
         prompt = hf("prompt")
         bucket_of = {n: next(b for b in buckets(top) if b >= n) for n in args.streams}
-        order = compile_order(buckets(top), top, padding_is_free=True)  # the server's build order on CUDA
+        order = compile_order(buckets(top), top)  # the server's build order
         for n in sorted(args.streams, key=lambda n: order.index(bucket_of[n])):  # each as soon as it can be
             bucket = bucket_of[n]
             wait_compiled(logs["compiled"], bucket, args.ready_limit_s)

@@ -49,29 +49,30 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
         torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
 
 
-def test_where_padding_is_free_a_bucket_not_built_runs_on_the_smallest_larger_one_built():
-    """CUDA's policy (a step costs about the same at any row count there), switched on for a CPU step: the
-    largest bucket is built second, and until a bucket is built its rows run padded on the smallest larger
-    built one, with the tokens and logprobs of their own."""
+def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_the_limit():
+    """Until a bucket is built, its rows run on the smallest larger built bucket, padded at most
+    `padding_limit` times (the CPU's 4; CUDA's any), with the tokens and logprobs of their own."""
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8)
     step = runner.step
-    assert step.compile_order(8) == [1, 2, 4, 8]
-    step.padding_is_free = True
-    assert step.compile_order(8) == [1, 8, 2, 4]
+    assert step.padding_limit == 4
     ran: list[int] = []
 
-    def built(*inputs: torch.Tensor):  # bucket 8's step: the eager one, recording its rows
+    def built(*inputs: torch.Tensor):  # a built bucket's step: the eager one, recording its rows
         ran.append(inputs[0].shape[0])
         return step.uncompiled(*inputs)
 
-    args = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3)  # three rows: bucket 4
+    three = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3)  # bucket 4
+    one = ([4], [3], [0.0], [None])  # bucket 1
     with torch.inference_mode():
         runner.prefill([0, 1, 2], [[5, 17, 3], [1, 2], [9, 9, 9, 9]])
-        want = step(*args)  # bucket 4 is not built and nothing larger is: eager on 4 rows
+        want = step(*three)  # nothing built: eager on 4 rows
         step.compiled[8] = built
-        got = step(*args)
+        got = step(*three)  # 8 <= 3 x 4
+        step(*one)  # 8 > 1 x 4: eager
+        step.padding_limit = float("inf")  # CUDA's
+        step(*one)
         step.compiled[4] = built
-        step(*args)
-    assert ran == [8, 4]
+        step(*three)
+    assert ran == [8, 8, 4]
     assert got.greedy == want.greedy and got.logits.shape == (3, 97)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)

@@ -7,14 +7,16 @@ cost as much as the matrix products at 32 rows). One compiled graph serves each 
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
 Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
 a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/runners/decoder/cuda_graphs.py). Until
-a b's compiled step is ready (server/compiled.py builds them off the request path), the same step
-runs eagerly (on the CPU in bf16 with prepacked linear layers: server/runners/decoder/prepacked.py). The step takes
+a b's compiled step is ready (server/compiled.py builds them off the request path), the step runs on a
+larger built bucket (`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers:
+server/runners/decoder/prepacked.py). The step takes
 the cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
 weights must see the cache as inputs it mutates, not as constants.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -67,14 +69,13 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     return step
 
 
-def compile_order(row_buckets: list[int], max_rows: int, padding_is_free: bool) -> list[int]:
-    """The row buckets of at most max_rows rows, the smallest (the most used at low load) first. Where padding
-    is free (CUDA), the largest next: a bucket not built yet runs on the smallest larger one built, so two
-    builds put every load on a compiled step (a 30-layer model's bucket took 2.5 minutes on an H200)."""
+def compile_order(row_buckets: list[int], max_rows: int) -> list[int]:
+    """The row buckets of at most max_rows rows: the smallest (the most used at low load), the largest (full
+    load), then the rest. Until a bucket is built, its steps may run padded on a larger built one
+    (`DecodeStep.padding_limit`), so two builds serve most loads compiled: a 30-layer model's bucket took
+    2.5 minutes on an H200 (torch 2.11), 1.5-2 on 2 Zen 4 cores."""
     order = [b for b in row_buckets if b <= max_rows]
-    if padding_is_free and len(order) > 2:
-        order.insert(1, order.pop())
-    return order
+    return order[:1] + order[-1:] + order[1:-1] if len(order) > 2 else order
 
 
 class StepInputs:
@@ -164,10 +165,11 @@ class DecodeStep:
             regional = self.device.type == "cuda"
         if regional:
             compile_blocks_once(model.blocks)
-        # on CUDA a step costs about the same at any row count (launch-bound: H200, our GPT, 0.216 ms at one row,
-        # 0.283 at 32), so rows padded to a larger built bucket beat eager steps (10x slower there); on the
-        # CPU a step's time grows with its rows
-        self.padding_is_free = self.device.type == "cuda"
+        # how many times its rows a step may be padded to run on a built bucket while its own builds. CUDA: any
+        # (launch-bound: H200, our GPT, 0.216 ms a compiled step at one row, 0.283 at 32; eager 10x slower).
+        # CPU: 4 (SmolLM2-135M's shape, bf16, Zen 4: eager 31-35 ms at 1-4 rows, 42 at 8, 67 at 16; the
+        # compiled 32-row step 38 ms)
+        self.padding_limit = math.inf if self.device.type == "cuda" else 4
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}
         self._host_outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> pinned (greedy, logprobs), CUDA
@@ -191,7 +193,7 @@ class DecodeStep:
         return *self._rows[rows].tensors(), *self._views[rows, columns]
 
     def compile_order(self, max_rows: int) -> list[int]:
-        return compile_order(self.row_buckets, max_rows, self.padding_is_free)
+        return compile_order(self.row_buckets, max_rows)
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row
@@ -223,8 +225,10 @@ class DecodeStep:
         """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
         n = len(tokens)
         rows, columns = self.bucket(n, max(positions) + 1)
-        if self.padding_is_free and rows not in self.compiled:  # the smallest larger bucket built, if any
-            rows = next((b for b in self.row_buckets if b > rows and b in self.compiled), rows)
+        if rows not in self.compiled:  # the smallest larger built bucket within the padding limit, if any
+            rows = next(
+                (b for b in self.row_buckets if rows < b <= n * self.padding_limit and b in self.compiled), rows
+            )
         inputs = self.inputs(rows, columns)
         self._rows[rows].write(tokens, positions, eos_bias, allowed)
         if compiled := self.compiled.get(rows):
