@@ -1,5 +1,5 @@
-"""CUDA's ways of building decode steps, run on the CPU: the blocks of a step as one nested compile region
-(server/compiled.py: compile_blocks_once), and buckets not built yet running on a larger built one."""
+"""Building decode steps: the blocks of a step as one nested compile region (CUDA's way, run on the CPU:
+server/compiled.py, compile_blocks_once), and a bucket not built yet running padded on a larger built one."""
 
 import pytest
 import torch
