@@ -300,6 +300,7 @@ class BackgroundCompiler:
         self.threads = threads or torch.get_num_threads()
         self.cache_dir = cache_dir / key if cache_dir is not None else None
         self.failed: dict[Hashable, str] = {}
+        self.seconds: dict[str, float] = {}  # bucket label -> seconds its build took (/info reports them)
         self.done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -319,7 +320,8 @@ class BackgroundCompiler:
                 try:
                     t = time.perf_counter()
                     self.target.compiled[bucket] = on_own_thread(self.build, bucket)
-                    log.info("compiled %s in %.1f s", self.label(bucket), time.perf_counter() - t)
+                    self.seconds[self.label(bucket)] = round(time.perf_counter() - t, 1)
+                    log.info("compiled %s in %.1f s", self.label(bucket), self.seconds[self.label(bucket)])
                 except Exception as e:  # the bucket stays eager; the client never sees this
                     self.failed[bucket] = f"{type(e).__name__}: {e}"
                     log.warning("%s stays eager: %s", self.label(bucket), self.failed[bucket])

@@ -379,11 +379,12 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         gpt, mlm = registry.get("tiny-gpt"), registry.get("tiny-mlm-softmax1")
         assert set(gpt.runner.step.compiled) == {1} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
+        built = client.get("/info").json()["compile_seconds"]  # each build's time, as the log says it
+        assert list(built["tiny-gpt"]) == ["DecodeStep_1"] and built["tiny-gpt"]["DecodeStep_1"] > 0
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
         assert filled.status_code == 200
-    # cached for the next start where inductor can: CUDA's graphs (the CPU's frozen ones hold oneDNN tensors,
-    # which it does not pickle; their file only ever held other builds' artifacts)
+    # cached where inductor can: CUDA's graphs (it cannot pickle the oneDNN tensors of the CPU's frozen ones)
     assert any(tmp_path.rglob("DecodeStep_1.bin")) == (gpt.runner.device.type == "cuda")
 
 

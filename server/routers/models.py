@@ -104,6 +104,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         kv_cache_mb=settings.kv_cache_mb,
         kv_cache_bytes={m.id: m.runner.facts.kv_cache_bytes for m in registry.models.values() if m.runner},
         context={m.id: m.runner.facts.context_length for m in registry.models.values() if m.runner},
+        compile_seconds={m.id: dict(m.compiler.seconds) for m in registry.models.values() if m.compiler},
         placement=registry.placement.describe(),
     )
 

@@ -59,6 +59,9 @@ class Info(BaseModel):
         description="per model, the bytes its static KV cache holds (max_batch_size slots x its served context)"
     )
     context: dict[str, int] = Field(description="per model, the positions a sequence may reach as served")
+    compile_seconds: dict[str, dict[str, float]] = Field(
+        description="per model, the seconds each compiled pass took to build so far (e.g. DecodeStep_8: 22.7)"
+    )
     placement: dict = Field(
         description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
     )
