@@ -317,14 +317,15 @@ class BackgroundCompiler:
         try:
             settle_garbage()  # what loading left: the first build's collections then skip it
             for bucket in self.buckets:
+                label = self.label(bucket)
                 try:
                     t = time.perf_counter()
                     self.target.compiled[bucket] = on_own_thread(self.build, bucket)
-                    self.seconds[self.label(bucket)] = round(time.perf_counter() - t, 1)
-                    log.info("compiled %s in %.1f s", self.label(bucket), self.seconds[self.label(bucket)])
+                    self.seconds[label] = round(time.perf_counter() - t, 1)
+                    log.info("compiled %s in %.1f s", label, self.seconds[label])
                 except Exception as e:  # the bucket stays eager; the client never sees this
                     self.failed[bucket] = f"{type(e).__name__}: {e}"
-                    log.warning("%s stays eager: %s", self.label(bucket), self.failed[bucket])
+                    log.warning("%s stays eager: %s", label, self.failed[bucket])
                 settle_garbage()
         finally:
             gc.set_threshold(*threshold)
