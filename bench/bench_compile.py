@@ -52,7 +52,7 @@ def main() -> None:
     model = random_model(args.shape, getattr(torch, args.dtype), device)
     step = DecodeStep(model, args.rows, regional=args.regional)
     t = time.perf_counter()
-    step.compiled[args.rows] = server.compiled.BackgroundCompiler(step, [args.rows], None, "bench").build(args.rows)
+    step.compiled[args.rows] = server.compiled.BackgroundCompiler.of(step, [args.rows], None, "bench").build(args.rows)
     compile_s = time.perf_counter() - t
     if args.phases:
         print(torch._dynamo.utils.compile_times(repr="str"))

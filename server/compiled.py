@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import inspect
 import json
 import logging
 import sys
@@ -43,6 +42,7 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
+from server.graph_call import GraphCapture, skipping_guards
 
 log = logging.getLogger("tinyserve")
 T = TypeVar("T")
@@ -62,8 +62,8 @@ class Compilable(Protocol):
         """Scratch inputs of the bucket's shapes, the same values at every call (the function may write to them)."""
         ...
 
-    def matmul_rows(self, bucket: Hashable) -> int:
-        """The rows of the bucket's matrix products (what picks their kernel)."""
+    def matmul_rows(self, bucket: Hashable) -> int | None:
+        """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
         ...
 
 
@@ -92,12 +92,14 @@ TEMPLATE_GEMM_MAX_ROWS = 4
 PREPACKED = {"freezing": True}
 
 
-def template_serves(rows: int) -> bool:
-    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template."""
-    return rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512
+def template_serves(rows: int | None) -> bool:
+    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
+    that vary at run time, which the prepacked layers take: the template would need a choice for the
+    attention's batched products too)."""
+    return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
 
 
-def inductor_settings(device: torch.device, rows: int) -> dict:
+def inductor_settings(device: torch.device, rows: int | None) -> dict:
     """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
     set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
     the freezing decision was made, and the weights stay graph inputs (measured: no prepacked linear
@@ -125,83 +127,6 @@ def own_code(fn: Callable, name: str) -> Callable:
     graph is the only entry of its cache (no recompile limit to hit, no chain of guards per call)."""
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-class GraphCapture:
-    """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
-    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.16 ms of a 1.20 ms
-    one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). That needs a graph whose inputs are
-    the function's arguments alone, as a frozen CPU graph's are (its weights are constants); where the
-    weights are inputs too (CUDA, unfrozen) the function is called through dynamo. Like vLLM's compile
-    wrapper, which also skips the guards, it relies on the caller: each bucket's step is called only
-    with inputs shaped and strided as the traced ones (its preallocated views)."""
-
-    def __init__(self, backend: Callable | str) -> None:
-        self.backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
-        self.graphs: list[tuple[list, Callable]] = []  # (each graph input's source, the compiled graph)
-
-    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        sources = [node.meta["grapharg"].source for node in graph.graph.nodes if node.op == "placeholder"]
-        compiled = self.backend(graph, example_inputs)
-        self.graphs.append((sources, compiled))
-        return compiled
-
-    def direct(self, fn: Callable, returns_tensor: bool) -> Callable | None:
-        """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
-        None where it isn't one graph of those arguments alone."""
-        if len(self.graphs) != 1:
-            return None
-        sources, compiled = self.graphs[0]
-        getters = [argument_getter(source, fn) for source in sources]
-        if any(g is None for g in getters):
-            return None
-
-        def call(*args):
-            outputs = compiled(*[get(args) for get in getters])
-            return outputs[0] if returns_tensor and len(outputs) == 1 else tuple(outputs)
-
-        return call
-
-
-def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
-    """How to read a graph input (dynamo's source: an argument, an item of one, a tensor's size or
-    stride) from fn's positional arguments; None for anything else (a global, a module's attribute)."""
-    from torch._dynamo.source import GetItemSource, LocalSource, TensorProperty, TensorPropertySource
-
-    if isinstance(source, LocalSource):
-        code = fn.__code__
-        names = code.co_varnames[: code.co_argcount]
-        if source.local_name in names:
-            i = names.index(source.local_name)
-            return lambda args: args[i]
-        if code.co_flags & inspect.CO_VARARGS and source.local_name == code.co_varnames[code.co_argcount]:
-            n = code.co_argcount
-            return lambda args: args[n:]
-        return None
-    base = argument_getter(getattr(source, "base", None), fn) if hasattr(source, "base") else None
-    if base is None:
-        return None
-    if isinstance(source, GetItemSource) and isinstance(source.index, int) and not source.index_is_slice:
-        index = source.index
-        return lambda args: base(args)[index]
-    if isinstance(source, TensorPropertySource):
-        dim = source.idx
-        if source.prop is TensorProperty.SIZE:
-            return lambda args: base(args).size(dim)
-        if source.prop is TensorProperty.STRIDE:
-            return lambda args: base(args).stride(dim)
-    return None
-
-
-def skipping_guards(compiled: Callable) -> Callable:
-    """A dynamo-compiled function called without evaluating its guards (a quarter of a millisecond a
-    one-row step): each function holds one graph, built for inputs strided as its callers'."""
-
-    def call(*args):
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled(*args)
-
-    return call
 
 
 def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
@@ -287,14 +212,16 @@ def settle_garbage() -> None:
     gc.freeze()
 
 
-class BackgroundCompiler:
-    """Compiles a target's buckets in the given order on a thread of its own; `start` returns at once."""
+Pass = tuple[Compilable, Hashable]  # a target and one of its buckets: one graph to build
 
-    def __init__(
-        self, target: Compilable, buckets: list[Hashable], cache_dir: Path | None, key: str, threads: int | None = None
-    ) -> None:
-        self.target = target
-        self.buckets = buckets
+
+class BackgroundCompiler:
+    """Builds a model's passes (each a target's bucket: the decode step's row counts, the prompts' pass) in the
+    given order on a thread of its own; `start` returns at once."""
+
+    def __init__(self, passes: list[Pass], cache_dir: Path | None, key: str, threads: int | None = None) -> None:
+        self.passes = passes
+        self.targets = {bucket: target for target, bucket in passes}  # every bucket names one pass
         # the OpenMP threads the compiled code runs with (the compute thread's): inductor compiles on one
         # (inductor_on_one_thread) and would size its loops to that
         self.threads = threads or torch.get_num_threads()
@@ -308,8 +235,17 @@ class BackgroundCompiler:
         self._thread = threading.Thread(target=self.run, name="compiler", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def of(cls, target: Compilable, buckets: list[Hashable], *args, **kwargs) -> BackgroundCompiler:
+        """The compiler of one target's buckets."""
+        return cls([(target, bucket) for bucket in buckets], *args, **kwargs)
+
+    @property
+    def buckets(self) -> list[Hashable]:
+        return [bucket for _, bucket in self.passes]
+
     def run(self) -> None:
-        """Build every bucket in turn (on the calling thread)."""
+        """Build every pass in turn (on the calling thread)."""
         threshold = gc.get_threshold()
         # Python's own full collections made rare meanwhile (one per 100 younger ones, not 10): they would
         # run on whatever thread allocates, and settle_garbage runs one between builds
@@ -320,7 +256,7 @@ class BackgroundCompiler:
                 label = self.label(bucket)
                 try:
                     t = time.perf_counter()
-                    self.target.compiled[bucket] = on_own_thread(self.build, bucket)
+                    self.targets[bucket].compiled[bucket] = on_own_thread(self.build, bucket)
                     self.seconds[label] = round(time.perf_counter() - t, 1)
                     log.info("compiled %s in %.1f s", label, self.seconds[label])
                 except Exception as e:  # the bucket stays eager; the client never sees this
@@ -332,9 +268,13 @@ class BackgroundCompiler:
             self.done.set()
 
     def label(self, bucket: Hashable) -> str:
-        """e.g. DecodeStep_8x128: names the compiled function and its cache file."""
+        """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None): names the compiled function and its
+        cache file."""
+        name = type(self.targets[bucket]).__name__
+        if bucket is None:
+            return name
         shape = "x".join(map(str, bucket)) if isinstance(bucket, tuple) else str(bucket)
-        return f"{type(self.target).__name__}_{shape}"
+        return f"{name}_{shape}"
 
     def artifact(self, bucket: Hashable) -> Path | None:
         return self.cache_dir / f"{self.label(bucket)}.bin" if self.cache_dir is not None else None
@@ -358,9 +298,9 @@ class BackgroundCompiler:
 
     def checked(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
         """The bucket's compiled function, after its outputs on scratch inputs matched the eager function's."""
-        rows = self.target.matmul_rows(bucket)
-        settings = inductor_settings(self.target.device, rows)
-        fallback = PREPACKED if self.target.device.type == "cpu" else settings
+        target = self.targets[bucket]
+        settings = inductor_settings(target.device, target.matmul_rows(bucket))
+        fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
             compiled, got = self.compile(bucket, settings)
         except Exception as e:
@@ -369,30 +309,31 @@ class BackgroundCompiler:
             # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled, got = self.compile(bucket, fallback)
-        expected = floating(self.target.traced(*self.target.example(bucket)))
+        expected = floating(target.traced(*target.example(bucket)))
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))
-        if diff > TOLERANCE[self.target.dtype]:
-            raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[self.target.dtype]:.0e}")
+        if diff > TOLERANCE[target.dtype]:
+            raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[target.dtype]:.0e}")
         return compiled
 
     def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the first call compiles it,
         the second runs it as the engine will: directly, where the graph takes the function's arguments alone)."""
-        fn = own_code(self.target.traced, self.label(bucket))
+        target = self.targets[bucket]
+        fn = own_code(target.traced, self.label(bucket))
         # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
         config = dict(settings)
         capture = GraphCapture("inductor")
-        if self.target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
+        if target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
             capture, config["cpp.threads"] = GraphCapture(inductor_on_one_thread), self.threads
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
-            example = self.target.example(bucket)
+            example = target.example(bucket)
         with torch._inductor.config.patch(config):
             output = compiled(*example)
         traced = floating(output)
         direct = capture.direct(fn, returns_tensor=isinstance(output, torch.Tensor))
         if direct is not None:
-            got = direct(*self.target.example(bucket))
+            got = direct(*target.example(bucket))
             if layout(got) == layout(output):
                 return direct, floating(got)
             log.info("%s: its graph's outputs are not the function's; called through dynamo", self.label(bucket))

@@ -241,16 +241,15 @@ class ModelRegistry:
         compilers = []
         first = {model_id: i for i, model_id in enumerate(defaults)}
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
-            compilable = m.runner.compile_target(s.compile_max_batch) if m.runner else None
+            passes = m.runner.compile_passes(s.compile_max_batch) if m.runner else []
             if m.encoder_step is not None:
-                compilable = m.encoder_step, m.encoder_step.compile_order()
-            if compilable is None:
+                passes = [(m.encoder_step, length) for length in m.encoder_step.compile_order()]
+            if not passes:
                 continue
-            target, order = compilable
             cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
             p = next(m.model.parameters())
             key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
-            m.compiler = BackgroundCompiler(target, order, cache_dir, key, self.compute.call(torch.get_num_threads))
+            m.compiler = BackgroundCompiler(passes, cache_dir, key, self.compute.call(torch.get_num_threads))
             compilers.append(m.compiler)
         return compilers
 

@@ -93,7 +93,7 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     def build(self, bucket):  # stands for the minutes a real compile takes on the CPU
         assert release.wait(60)
         built.append(bucket)
-        return self.target.traced
+        return self.targets[bucket].traced
 
     monkeypatch.setattr(BackgroundCompiler, "build", build)
     settings = Settings(store=store, models=["tiny-gpt"], ready_after="compiled", compile_models=True)
@@ -113,5 +113,5 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     finally:
         release.set()
         thread.join(60)
-    assert built == [1, 2]
+    assert built == [1, None, 2]  # the one-row step, the prompts' pass (bucket None), the two-row step
     assert health[0].status_code == 200 and health[0].json()["compiling"] == []

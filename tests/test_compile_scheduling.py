@@ -68,7 +68,7 @@ def test_the_default_models_compile_first(store, tmp_path, monkeypatch):
         registry.start()
         assert registry.compiled.wait(60)
         assert list(registry.models) == ["a-mlm", "b-gpt", "c-mlm"]
-        targets = [c.target for c in seen]
+        targets = [c.passes[0][0] for c in seen]  # what each builds first
         assert targets == [
             registry.get(i).runner.step if i == "b-gpt" else registry.get(i).encoder_step
             for i in ("b-gpt", "a-mlm", "c-mlm")
@@ -106,7 +106,7 @@ def test_each_build_collects_its_garbage_then_freezes_what_survives():
     gc.unfreeze()
     threshold = gc.get_threshold()
     try:
-        compiler = BackgroundCompiler(Unbuildable(), [1, 2], None, "test")
+        compiler = BackgroundCompiler.of(Unbuildable(), [1, 2], None, "test")
         compiler.run()
         assert set(compiler.failed) == {1, 2} and gone() is None
         assert gc.get_freeze_count() > 0 and kept() is survivor

@@ -36,7 +36,7 @@ def test_an_int8_gpt_compiles_and_decodes_as_its_eager_self():
     try:
         eager = [e.id for e in engine.generate([5, 17, 3, 42], greedy)[0]]
         step = engine.runner.step
-        step.compiled[1] = BackgroundCompiler(step, [1], None, "test").build(1)  # checked vs eager
+        step.compiled[1] = BackgroundCompiler.of(step, [1], None, "test").build(1)  # checked vs eager
         compiled = [e.id for e in engine.generate([5, 17, 3, 42], greedy)[0]]
     finally:
         engine.stop()
@@ -79,7 +79,7 @@ def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears(
     rows = INT8_KERNEL_MAX_ROWS * 2
     counters.clear()
     with torch._inductor.config.patch(force_disable_caches=True):
-        BackgroundCompiler(step, [rows], None, "test").build(rows)  # checked against eager
+        BackgroundCompiler.of(step, [rows], None, "test").build(rows)  # checked against eager
     packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
     assert packed and sum(packed.values()) >= 4 * 2  # the qkv, attention, MLP linears of both blocks (and the head)
 

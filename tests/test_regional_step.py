@@ -24,7 +24,7 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
     region = vars(step.model.blocks[0])["forward"].__func__  # the blocks' own forward: one region for all
     assert region is not type(step.model.blocks[0]).forward
     assert all(vars(block)["forward"].__func__ is region for block in step.model.blocks)
-    compiler = BackgroundCompiler(step, step.compile_order(4), None, "test")
+    compiler = BackgroundCompiler.of(step, step.compile_order(4), None, "test")
     torch.manual_seed(1)
     with torch.inference_mode():
         for t in step.cache.tensors():

@@ -134,9 +134,9 @@ class CausalLMRunner(Protocol):
         """Per layer, the (heads, T, T) attention weights of one sequence."""
         ...
 
-    def compile_target(self, max_rows: int) -> tuple[object, list[Hashable]] | None:
-        """A fixed-shape step for server/compiled.py and its buckets of at most max_rows rows in compile
-        order, or None when the family has none."""
+    def compile_passes(self, max_rows: int) -> list[tuple[object, Hashable]]:
+        """What server/compiled.py builds for this model, in build order: (target, bucket) pairs, e.g. the
+        fixed-shape decode step's buckets of at most max_rows rows; empty when the family has none."""
         ...
 
 

@@ -203,5 +203,5 @@ class HFCausalLMRunner:
         out = self.model(torch.tensor([ids], device=self.device), output_attentions=True)
         return [a[0] for a in out.attentions]
 
-    def compile_target(self, max_rows: int) -> None:
-        return None  # served eagerly
+    def compile_passes(self, max_rows: int) -> list:
+        return []  # served eagerly

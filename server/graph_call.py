@@ -1,0 +1,87 @@
+"""Calling a compiled graph without dynamo: the graph inductor built, bound to the compiled function's
+arguments by dynamo's sources, or dynamo's function with its guards skipped (server/compiled.py builds
+both; the engine's compute thread calls them)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+
+
+class GraphCapture:
+    """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
+    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.16 ms of a 1.20 ms
+    one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). That needs a graph whose inputs are
+    the function's arguments alone, as a frozen CPU graph's are (its weights are constants); where the
+    weights are inputs too (CUDA, unfrozen) the function is called through dynamo. Like vLLM's compile
+    wrapper, which also skips the guards, it relies on the caller: each bucket's step is called only
+    with inputs shaped and strided as the traced ones (its preallocated views)."""
+
+    def __init__(self, backend: Callable | str) -> None:
+        self.backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+        self.graphs: list[tuple[list, Callable]] = []  # (each graph input's source, the compiled graph)
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        sources = [node.meta["grapharg"].source for node in graph.graph.nodes if node.op == "placeholder"]
+        compiled = self.backend(graph, example_inputs)
+        self.graphs.append((sources, compiled))
+        return compiled
+
+    def direct(self, fn: Callable, returns_tensor: bool) -> Callable | None:
+        """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
+        None where it isn't one graph of those arguments alone."""
+        if len(self.graphs) != 1:
+            return None
+        sources, compiled = self.graphs[0]
+        getters = [argument_getter(source, fn) for source in sources]
+        if any(g is None for g in getters):
+            return None
+
+        def call(*args):
+            outputs = compiled(*[get(args) for get in getters])
+            return outputs[0] if returns_tensor and len(outputs) == 1 else tuple(outputs)
+
+        return call
+
+
+def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
+    """How to read a graph input (dynamo's source: an argument, an item of one, a tensor's size or
+    stride) from fn's positional arguments; None for anything else (a global, a module's attribute)."""
+    from torch._dynamo.source import GetItemSource, LocalSource, TensorProperty, TensorPropertySource
+
+    if isinstance(source, LocalSource):
+        code = fn.__code__
+        names = code.co_varnames[: code.co_argcount]
+        if source.local_name in names:
+            i = names.index(source.local_name)
+            return lambda args: args[i]
+        if code.co_flags & inspect.CO_VARARGS and source.local_name == code.co_varnames[code.co_argcount]:
+            n = code.co_argcount
+            return lambda args: args[n:]
+        return None
+    base = argument_getter(getattr(source, "base", None), fn) if hasattr(source, "base") else None
+    if base is None:
+        return None
+    if isinstance(source, GetItemSource) and isinstance(source.index, int) and not source.index_is_slice:
+        index = source.index
+        return lambda args: base(args)[index]
+    if isinstance(source, TensorPropertySource):
+        dim = source.idx
+        if source.prop is TensorProperty.SIZE:
+            return lambda args: base(args).size(dim)
+        if source.prop is TensorProperty.STRIDE:
+            return lambda args: base(args).stride(dim)
+    return None
+
+
+def skipping_guards(compiled: Callable) -> Callable:
+    """A dynamo-compiled function called without evaluating its guards (a quarter of a millisecond a
+    one-row step): each function holds one graph, built for inputs strided as its callers'."""
+
+    def call(*args):
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return compiled(*args)
+
+    return call

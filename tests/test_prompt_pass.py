@@ -1,0 +1,87 @@
+"""The compiled prompts' pass (prefill): one graph for every group size and prompt length, exact against eager."""
+
+import pytest
+import torch
+
+from models.sampling import SamplingParams
+from server.compiled import BackgroundCompiler, inductor_settings
+from server.runners.base import right_padded
+from server.runners.decoder.runner import GPTRunner
+from tests.conftest import tiny_gpt
+from tests.test_compiled_step import VARIANTS, started
+
+
+def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
+    """The group's logits and written cache, eagerly and compiled (the same slots, from the same cache)."""
+    ids, positions, last = right_padded(slots, prompts, 0, runner.device)
+    out = []
+    for fn in (runner.prompts.uncompiled, runner.prompts.compiled[None]):
+        cache = runner.step.cache.view(len(prompts), ids.shape[1], start=slots[0])
+        for t in cache.tensors():
+            t.zero_()
+        logits = fn(ids, positions, last, *cache.tensors())
+        out.append((logits.clone(), [t.clone() for t in cache.tensors()]))
+    return out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant):
+    """Groups of one and of three prompts (different lengths, right-padded, slots not at 0): the next-token
+    logits and every key and value written match the eager pass within float32's rounding."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant]), None, 4)
+    with torch.inference_mode():
+        runner.prompts.compiled[None] = BackgroundCompiler.of(runner.prompts, [None], None, "test").build(None)
+        for slots, prompts in [([0], [[5, 17, 3, 42, 8, 11, 2, 9]]), ([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17])]:
+            (want, want_cache), (got, got_cache) = prefill_both(runner, slots, prompts)
+            assert got.shape == (len(prompts), 97)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            for g, w in zip(got_cache, want_cache, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_the_engine_gives_the_eager_tokens_with_the_compiled_prompt_pass():
+    model = tiny_gpt(vocab_size=97, context_length=128, positions="rope")
+    greedy = SamplingParams(max_new_tokens=24, temperature=0, eos_bias=float("-inf"))
+    prompts = [[5, 17, 3, 42, 8, 11, 2, 9], [1, 2], [60] * 40]
+    eager, compiled = started(model), started(model)
+    try:
+        prompt_pass = compiled.runner.prompts
+        prompt_pass.compiled[None] = BackgroundCompiler.of(prompt_pass, [None], None, "test").build(None)
+        for prompt in prompts:
+            want = [e.id for e in eager.generate(prompt, greedy)[0]]
+            assert [e.id for e in compiled.generate(prompt, greedy)[0]] == want
+    finally:
+        eager.stop()
+        compiled.stop()
+
+
+def test_a_one_token_prompt_runs_eagerly():
+    """The graph is traced for prompts of more than one token (a dynamic size of 1 would be specialised)."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 2)
+
+    def refuse(*args):
+        raise AssertionError("the compiled pass ran a one-token prompt")
+
+    runner.prompts.compiled[None] = refuse
+    with torch.inference_mode():
+        assert runner.prefill([0], [[5]]).shape == (1, 97)
+        with pytest.raises(AssertionError, match="one-token"):
+            runner.prefill([0], [[5, 6]])
+
+
+def test_the_prompt_pass_builds_second_and_only_on_the_cpu():
+    """Every request runs a prefill: its graph is built right after the one-row decode step. On CUDA the
+    graph would run through dynamo (its weights are inputs there), which recompiles for a lone prompt."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 4)
+    step, prompts = runner.step, runner.prompts
+    assert runner.compile_passes(4) == [(step, 1), (prompts, None), (step, 4), (step, 2)]
+    assert BackgroundCompiler(runner.compile_passes(4), None, "test").label(None) == "PromptPass"
+    prompts.device = torch.device("cuda")
+    assert runner.compile_passes(4) == [(step, 1), (step, 4), (step, 2)]
+
+
+def test_rows_that_vary_compile_prepacked_layers():
+    """A dynamic row count takes the prepacked linear layers, never the C++ GEMM template (which has no
+    choice for the attention's batched products)."""
+    assert inductor_settings(torch.device("cpu"), None) == {"freezing": True}
+    assert "max_autotune" in inductor_settings(torch.device("cpu"), 1)
