@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/profile_step.py [--model gpt-wikitext2] [--rows 1,32] [--steps 64] [--weights int8]
 
-For each row count: the model's compiled step alone (ms per step), a torch.profiler table of its ops,
+For each row count: the prefill of that many prompts, eager against the compiled prompts' pass (alternating
+blocks), the model's compiled step alone (ms per step), a torch.profiler table of its ops,
 and the engine's whole iteration (step + sampling + events, no HTTP) with a cProfile of its Python.
 The model is loaded and compiled as the server does (registry, compute thread); run it on an idle
 machine.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import math
 import pstats
 import queue
 import statistics
@@ -29,8 +31,33 @@ from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.events import Retired  # noqa: E402
 from server.registry import ModelRegistry  # noqa: E402
+from server.runners.base import right_padded  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
+
+
+def prefill_both(served, compute, rows: int, blocks: int = 15) -> tuple[float, float]:
+    """ms per prefill of `rows` copies of the prompt: the eager pass and the compiled one, in alternating
+    blocks of 10 calls (the machine's speed drifts over minutes), medians of the blocks."""
+    prompts = served.runner.prompts
+    if None not in prompts.compiled:
+        return math.nan, math.nan
+    prompt = served.tokenizer.encode(PROMPT)
+    ids, positions, last = right_padded(list(range(rows)), [prompt] * rows, 0, served.runner.device)
+    cache = served.runner.step.cache.view(rows, ids.shape[1]).tensors()
+
+    def run() -> tuple[float, float]:
+        times: dict[str, list[float]] = {"eager": [], "compiled": []}
+        with torch.inference_mode():
+            for _ in range(blocks):
+                for name, fn in (("eager", prompts.uncompiled), ("compiled", prompts.compiled[None])):
+                    t = time.perf_counter()
+                    for _ in range(10):
+                        fn(ids, positions, last, *cache)
+                    times[name].append((time.perf_counter() - t) / 10)
+        return tuple(1000 * statistics.median(times[k]) for k in ("eager", "compiled"))
+
+    return compute.call(run)
 
 
 def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
@@ -101,6 +128,8 @@ def main() -> None:
     served = registry.get(args.model)
     print(f"dtype {next(served.model.parameters()).dtype}, compiled buckets {sorted(served.runner.step.compiled)}")
     for n in rows:
+        eager, compiled = prefill_both(served, registry.compute, n)
+        print(f"\n=== {n} prompts of 14 tokens: prefill eager {eager:.2f} ms, compiled {compiled:.2f} ms ===")
         ms, table = step_alone(served, registry.compute, n, args.steps)
         print(f"\n=== {n} rows: compiled step alone {ms:.3f} ms ===\n{table}")
         ms, stats = engine_iteration(served, registry.compute, n, args.steps)

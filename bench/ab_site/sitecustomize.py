@@ -1,0 +1,21 @@
+"""Two variants of our server in one `bench_peers.py` run (the VM's speed drifts by 10-20 % over minutes, so
+only sides measured in the same alternating rounds compare). Put this folder on PYTHONPATH and list two dtypes
+that load alike, e.g. TINYSERVE_DTYPES="default float32" on a CPU where auto is float32: the server started with
+TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
+
+    AB_MODE=no_prompt_pass  the prompts' pass stays eager (server/runners/decoder/prompt_pass.py)
+    AB_MODE=int8            TINYSERVE_WEIGHTS=int8 (int8 against the default dtype in the same rounds)
+"""
+
+import os
+
+if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.environ["AB_SIDE_DTYPE"]:
+    mode = os.environ.get("AB_MODE", "")
+    if mode == "no_prompt_pass":
+        import server.runners.decoder.prompt_pass as prompt_pass
+
+        prompt_pass.PromptPass.buckets = lambda self: []
+    elif mode == "int8":
+        os.environ["TINYSERVE_WEIGHTS"] = "int8"
+    else:
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8)")
