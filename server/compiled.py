@@ -1,9 +1,10 @@
 """Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
 
-Two targets have buckets to compile: the GPT's decode step (server/runners/decoder/step.py: one per row
-count, its key columns a dynamic dimension) and the EsperBERTo encoder (server/encoder_step.py).
-Each gives the compiler its buckets, the function to trace (`traced`), and example inputs of a bucket's
-shapes; the compiler fills its `compiled` dict.
+Three targets have buckets to compile: the GPT's decode step (server/runners/decoder/step.py: one per row
+count, its key columns a dynamic dimension), its prompts' pass (prompt_pass.py beside it: one graph, group size
+and prompt length dynamic) and the EsperBERTo encoder (server/encoder_step.py). Each gives the compiler its
+buckets, the function to trace (`traced`), and example inputs of a bucket's shapes; the compiler fills its
+`compiled` dict.
 
 On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
 layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step against 4.0 ms with

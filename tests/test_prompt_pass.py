@@ -7,7 +7,7 @@ from models.sampling import SamplingParams
 from server.compiled import BackgroundCompiler, inductor_settings
 from server.runners.base import right_padded
 from server.runners.decoder.runner import GPTRunner
-from tests.conftest import tiny_gpt
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started
 
 
@@ -80,8 +80,10 @@ def test_the_prompt_pass_builds_second_and_only_on_the_cpu():
     assert runner.compile_passes(4) == [(step, 1), (step, 4), (step, 2)]
 
 
-def test_rows_that_vary_compile_prepacked_layers():
-    """A dynamic row count takes the prepacked linear layers, never the C++ GEMM template (which has no
-    choice for the attention's batched products)."""
+@pytest.mark.parametrize("features", [AVX2, AVX512_BF16], ids=["avx2", "avx512_bf16"])
+def test_rows_that_vary_compile_prepacked_layers(monkeypatch, features):
+    """A dynamic row count takes the prepacked linear layers on every CPU, never the C++ GEMM template (which
+    has no choice for the attention's batched products), where a one-row step takes the template."""
+    emulate_cpu(monkeypatch, features)
     assert inductor_settings(torch.device("cpu"), None) == {"freezing": True}
     assert "max_autotune" in inductor_settings(torch.device("cpu"), 1)
