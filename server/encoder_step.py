@@ -43,9 +43,10 @@ class EncoderStep:
         self.traced = eager_encoder(model)  # also what runs until a bucket is compiled
         self.compiled: dict[int, EncodeFn] = {}  # length bucket -> compiled encoder, added when ready
 
-    def compile_order(self, max_tokens: int = 128) -> list[int]:
-        """Short texts first: a fill-mask sentence is rarely longer than a few dozen tokens."""
-        return [b for b in self.buckets if b <= max_tokens]
+    def compile_passes(self, max_tokens: int = 128) -> list[tuple[EncoderStep, int]]:
+        """What server/compiled.py builds, short texts first: a fill-mask sentence is rarely longer than a few
+        dozen tokens."""
+        return [(self, b) for b in self.buckets if b <= max_tokens]
 
     def matmul_rows(self, length: int) -> int:
         return length  # one text of `length` tokens

@@ -243,7 +243,7 @@ class ModelRegistry:
         for m in sorted(self.models.values(), key=lambda m: first.get(m.id, len(first))):
             passes = m.runner.compile_passes(s.compile_max_batch) if m.runner else []
             if m.encoder_step is not None:
-                passes = [(m.encoder_step, length) for length in m.encoder_step.compile_order()]
+                passes = m.encoder_step.compile_passes()
             if not passes:
                 continue
             cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
