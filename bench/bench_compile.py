@@ -1,14 +1,15 @@
-"""One bucket's compile time and step time, the step compiled as one graph or with its blocks as one region.
+"""One bucket's compile time and step time, the step compiled as one whole graph or regionally (as the server
+builds it first).
 
     .venv/bin/python bench/bench_compile.py [--shape smollm2-135m] [--dtype float32] [--rows 1]
         [--regional] [--unfrozen] [--phases]
 
 A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
-50 steps. --regional: every block one nested compile region (what CUDA does: server/compiled.py,
-compile_blocks_once). --unfrozen: on the CPU, the weights as graph inputs, as on CUDA (no freezing; a
-regional step needs it). --phases: dynamo's and inductor's time per phase, each call's time listed (a region traced
-once per block lists as many). Run it on an idle machine with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR).
+50 steps. --regional: the regional pass (server/compiled.py, regional_copy: every block one nested compile
+region, the weights graph inputs, the prepacked layers on the CPU). --unfrozen: a whole graph with the weights
+as graph inputs (no freezing). --phases: dynamo's and inductor's time per phase, each call's time listed (a region
+traced once per block lists as many). Run it on an idle machine with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def main() -> None:
     if args.unfrozen:
         server.compiled.inductor_settings = lambda device, rows: {}
     model = random_model(args.shape, getattr(torch, args.dtype), device)
-    step = DecodeStep(model, args.rows, regional=args.regional)
+    step = DecodeStep(model, args.rows)
     t = time.perf_counter()
-    step.compiled[args.rows] = server.compiled.BackgroundCompiler.of(step, [args.rows], None, "bench").build(args.rows)
+    compiler = server.compiled.BackgroundCompiler.of(step, [args.rows], None, "bench")
+    step.compiled[args.rows] = compiler.build(args.rows, regional=args.regional)
     compile_s = time.perf_counter() - t
     if args.phases:
         print(torch._dynamo.utils.compile_times(repr="str"))

@@ -27,6 +27,7 @@ in docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import hashlib
 import json
@@ -37,7 +38,7 @@ import time
 import types
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
@@ -56,7 +57,9 @@ class StepMismatchError(RuntimeError):
 class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # of the weights: sets the tolerance
-    traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled; run eagerly, the reference
+    traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
+    # a target with blocks may also have `regional`: the same function over a copy of its model whose blocks are
+    # one compile region (regional_copy), traced with the weights as graph inputs
     compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]  # bucket -> compiled, when ready
 
     def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
@@ -112,15 +115,33 @@ def inductor_settings(device: torch.device, rows: int | None) -> dict:
     return dict(PREPACKED)
 
 
-def compile_blocks_once(blocks: torch.nn.ModuleList) -> None:
-    """Regional compilation: every block's forward becomes the same nested compile region, which the compiler
-    traces and builds for the first block and stamps out for the others (a 30-block Llama step on the CPU,
-    weights as graph inputs, an empty inductor cache: 28 against 68 s, the step as fast; bench/bench_compile.py).
-    The weights must be graph inputs: under freezing (the CPU's prepacked constants) dynamo cannot lift them
-    into the region. Eager calls are unchanged (the region is a no-op outside a compile)."""
-    region = torch.compiler.nested_compile_region(type(blocks[0]).forward)
-    for block in blocks:
+def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The model, sharing every tensor, with every block's forward the same nested compile region, which the
+    compiler traces and builds for the first block and stamps out for the others (a 30-block Llama step on
+    the CPU, weights as graph inputs, an empty inductor cache: 28 against 68 s, the step as fast;
+    bench/bench_compile.py). The weights must be graph inputs: under freezing dynamo cannot lift them into the
+    region, so the model itself stays as it is for whole (frozen) graphs. Eager calls are unchanged (the
+    region is a no-op outside a compile)."""
+
+    def shallow(module: torch.nn.Module) -> torch.nn.Module:
+        clone = copy.copy(module)  # its own attributes, the same tensors
+        clone._modules = {name: shallow(child) for name, child in module._modules.items()}
+        return clone
+
+    regional = shallow(model)
+    region = torch.compiler.nested_compile_region(type(regional.blocks[0]).forward)
+    for block in regional.blocks:
         block.forward = types.MethodType(region, block)
+    return regional
+
+
+def freezing_beats_regional(device: torch.device, rows: int | None) -> bool:
+    """Whether a whole frozen graph of a step whose products have `rows` rows is faster than its regional one:
+    where its products compile in the C++ GEMM template, which takes frozen weights only (SmolLM2-135M's shape,
+    bf16, one row, Zen 4: 10.4 against 15.4 ms). The prepacked layers are the same oneDNN kernels either way
+    (32 rows: 34.8 frozen, 35.5 regional), so there the regional graph is kept: a third of the compile time
+    (32 against 100 s) and no frozen copy of the weights."""
+    return device.type == "cpu" and template_serves(rows)
 
 
 def own_code(fn: Callable, name: str) -> Callable:
@@ -213,22 +234,31 @@ def settle_garbage() -> None:
     gc.freeze()
 
 
-Pass = tuple[Compilable, Hashable]  # a target and one of its buckets: one graph to build
+class Pass(NamedTuple):
+    """One graph to build: a target's bucket, whole (frozen on the CPU) or regional (the target's `regional`
+    function, its blocks one region, the weights graph inputs: quick to build)."""
+
+    target: Compilable
+    bucket: Hashable
+    regional: bool = False
 
 
 class BackgroundCompiler:
     """Builds a model's passes (each a target's bucket: the decode step's row counts, the prompts' pass) in the
-    given order on a thread of its own; `start` returns at once."""
+    given order on a thread of its own; `start` returns at once. A later pass of a bucket replaces an earlier
+    one's graph when it is built (a frozen graph after the regional one)."""
 
-    def __init__(self, passes: list[Pass], cache_dir: Path | None, key: str, threads: int | None = None) -> None:
-        self.passes = passes
-        self.targets = {bucket: target for target, bucket in passes}  # every bucket names one pass
+    def __init__(
+        self, passes: list[Pass | tuple], cache_dir: Path | None, key: str, threads: int | None = None
+    ) -> None:
+        self.passes = [Pass(*p) for p in passes]
+        self.targets = {p.bucket: p.target for p in self.passes}  # a bucket's passes are one target's
         # the OpenMP threads the compiled code runs with (the compute thread's): inductor compiles on one
         # (inductor_on_one_thread) and would size its loops to that
         self.threads = threads or torch.get_num_threads()
         self.cache_dir = cache_dir / key if cache_dir is not None else None
-        self.failed: dict[Hashable, str] = {}
-        self.seconds: dict[str, float] = {}  # bucket label -> seconds its build took (/info reports them)
+        self.failed: dict[str, str] = {}  # pass label -> why it was not built
+        self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
         self.done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -238,12 +268,12 @@ class BackgroundCompiler:
 
     @classmethod
     def of(cls, target: Compilable, buckets: list[Hashable], *args, **kwargs) -> BackgroundCompiler:
-        """The compiler of one target's buckets."""
-        return cls([(target, bucket) for bucket in buckets], *args, **kwargs)
+        """The compiler of one target's buckets, whole."""
+        return cls([Pass(target, bucket) for bucket in buckets], *args, **kwargs)
 
     @property
     def buckets(self) -> list[Hashable]:
-        return [bucket for _, bucket in self.passes]
+        return [p.bucket for p in self.passes]
 
     def run(self) -> None:
         """Build every pass in turn (on the calling thread)."""
@@ -253,42 +283,42 @@ class BackgroundCompiler:
         gc.set_threshold(threshold[0], threshold[1], 100)
         try:
             settle_garbage()  # what loading left: the first build's collections then skip it
-            for bucket in self.buckets:
-                label = self.label(bucket)
+            for target, bucket, regional in self.passes:
+                label = self.label(bucket, regional)
                 try:
                     t = time.perf_counter()
-                    self.targets[bucket].compiled[bucket] = on_own_thread(self.build, bucket)
+                    target.compiled[bucket] = on_own_thread(self.build, bucket, regional)
                     self.seconds[label] = round(time.perf_counter() - t, 1)
                     log.info("compiled %s in %.1f s", label, self.seconds[label])
-                except Exception as e:  # the bucket stays eager; the client never sees this
-                    self.failed[bucket] = f"{type(e).__name__}: {e}"
-                    log.warning("%s stays eager: %s", label, self.failed[bucket])
+                except Exception as e:  # the client never sees this
+                    self.failed[label] = f"{type(e).__name__}: {e}"
+                    kept = "keeps its regional graph" if bucket in target.compiled else "stays eager"
+                    log.warning("%s not built, the bucket %s: %s", label, kept, self.failed[label])
                 settle_garbage()
         finally:
             gc.set_threshold(*threshold)
             self.done.set()
 
-    def label(self, bucket: Hashable) -> str:
-        """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None): names the compiled function and its
-        cache file."""
+    def label(self, bucket: Hashable, regional: bool = False) -> str:
+        """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None), DecodeStep_1_regional: names the compiled
+        function and its cache file."""
         name = type(self.targets[bucket]).__name__
-        if bucket is None:
-            return name
-        shape = "x".join(map(str, bucket)) if isinstance(bucket, tuple) else str(bucket)
-        return f"{name}_{shape}"
+        if bucket is not None:
+            name += "_" + ("x".join(map(str, bucket)) if isinstance(bucket, tuple) else str(bucket))
+        return name + "_regional" if regional else name
 
-    def artifact(self, bucket: Hashable) -> Path | None:
-        return self.cache_dir / f"{self.label(bucket)}.bin" if self.cache_dir is not None else None
+    def artifact(self, bucket: Hashable, regional: bool = False) -> Path | None:
+        return self.cache_dir / f"{self.label(bucket, regional)}.bin" if self.cache_dir is not None else None
 
     @torch.inference_mode()
-    def build(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
+    def build(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
         """Compile one bucket, checked against the eager function, its compiler artifacts saved for the next
         start: this build's alone (the record is per process: each file held every earlier build's too)."""
-        saved = self.artifact(bucket)
+        saved = self.artifact(bucket, regional)
         with CacheArtifactManager.with_fresh_cache():
             if saved is not None and saved.exists():
                 torch.compiler.load_cache_artifacts(saved.read_bytes())
-            compiled = self.checked(bucket)
+            compiled = self.checked(bucket, regional)
             if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
                 try:
                     saved.parent.mkdir(parents=True, exist_ok=True)
@@ -297,9 +327,18 @@ class BackgroundCompiler:
                     log.warning("could not cache %s: %s", saved, e)
         return compiled
 
-    def checked(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
+    def checked(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
         """The bucket's compiled function, after its outputs on scratch inputs matched the eager function's."""
         target = self.targets[bucket]
+        if regional:  # inductor's defaults: nothing frozen, the products the eager model's (prepacked on the CPU)
+            try:
+                compiled, got = self.compile(bucket, {}, regional=True)
+            except Exception as e:
+                # torch 2.13 specialises the dynamic sizes of a region that writes its inputs in some graphs
+                # (softmax1's prompts' pass): one whole graph instead
+                log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
+                return self.checked(bucket)
+            return self.matching(bucket, target.regional, compiled, got)
         settings = inductor_settings(target.device, target.matmul_rows(bucket))
         fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
@@ -310,17 +349,26 @@ class BackgroundCompiler:
             # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled, got = self.compile(bucket, fallback)
-        expected = floating(target.traced(*target.example(bucket)))
+        return self.matching(bucket, target.traced, compiled, got)
+
+    def matching(
+        self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor], got: list[torch.Tensor]
+    ) -> Callable[..., torch.Tensor]:
+        """compiled, where its outputs `got` on the scratch inputs match the reference run eagerly on them."""
+        target = self.targets[bucket]
+        expected = floating(reference(*target.example(bucket)))
         diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))
         if diff > TOLERANCE[target.dtype]:
             raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[target.dtype]:.0e}")
         return compiled
 
-    def compile(self, bucket: Hashable, settings: dict) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
+    def compile(
+        self, bucket: Hashable, settings: dict, regional: bool = False
+    ) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
         """The bucket's compiled function, and its outputs on the scratch inputs (the first call compiles it,
-        the second runs it as the engine will: directly, where the graph takes the function's arguments alone)."""
+        the second runs it as the engine will: directly, the weights bound where they are graph inputs)."""
         target = self.targets[bucket]
-        fn = own_code(target.traced, self.label(bucket))
+        fn = own_code(target.regional if regional else target.traced, self.label(bucket, regional))
         # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
         config = dict(settings)
         capture = GraphCapture("inductor")
@@ -332,7 +380,9 @@ class BackgroundCompiler:
         with torch._inductor.config.patch(config):
             output = compiled(*example)
         traced = floating(output)
-        direct = capture.direct(fn, returns_tensor=isinstance(output, torch.Tensor))
+        direct = capture.direct(
+            fn, returns_tensor=isinstance(output, torch.Tensor), bind_weights=target.device.type == "cpu"
+        )
         if direct is not None:
             got = direct(*target.example(bucket))
             if layout(got) == layout(output):

@@ -21,21 +21,29 @@ class GraphCapture:
 
     def __init__(self, backend: Callable | str) -> None:
         self.backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
-        self.graphs: list[tuple[list, Callable]] = []  # (each graph input's source, the compiled graph)
+        # (each graph input's source, the tensor it was traced with, the compiled graph)
+        self.graphs: list[tuple[list, list, Callable]] = []
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
         sources = [node.meta["grapharg"].source for node in graph.graph.nodes if node.op == "placeholder"]
         compiled = self.backend(graph, example_inputs)
-        self.graphs.append((sources, compiled))
+        self.graphs.append((sources, list(example_inputs), compiled))
         return compiled
 
-    def direct(self, fn: Callable, returns_tensor: bool) -> Callable | None:
+    def direct(self, fn: Callable, returns_tensor: bool, bind_weights: bool = False) -> Callable | None:
         """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
-        None where it isn't one graph of those arguments alone."""
+        None where it isn't one graph of those arguments alone. bind_weights: a tensor input fn reads from
+        elsewhere (its model's weights, through its closure) is bound to the tensor it was traced with, so a
+        graph that takes the weights as inputs is called directly too (the caller's weights never change)."""
         if len(self.graphs) != 1:
             return None
-        sources, compiled = self.graphs[0]
+        sources, examples, compiled = self.graphs[0]
         getters = [argument_getter(source, fn) for source in sources]
+        if bind_weights:
+            getters = [
+                g if g is not None or not isinstance(t, torch.Tensor) else (lambda args, t=t: t)
+                for g, t in zip(getters, examples, strict=True)
+            ]
         if any(g is None for g in getters):
             return None
 

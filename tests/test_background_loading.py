@@ -90,9 +90,9 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     """A replica behind a load balancer is not ready while its requests would run uncompiled."""
     release, built = threading.Event(), []
 
-    def build(self, bucket):  # stands for the minutes a real compile takes on the CPU
+    def build(self, bucket, regional=False):  # stands for the minutes a real compile takes on the CPU
         assert release.wait(60)
-        built.append(bucket)
+        built.append((bucket, regional))
         return self.targets[bucket].traced
 
     monkeypatch.setattr(BackgroundCompiler, "build", build)
@@ -113,5 +113,7 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     finally:
         release.set()
         thread.join(60)
-    assert built == [1, None, 2]  # the one-row step, the prompts' pass (bucket None), the two-row step
+    # regional graphs: the one-row step, the prompts' pass (bucket None), the two-row step; then frozen ones (the
+    # template's few rows)
+    assert built == [(1, True), (None, True), (2, True), (1, False), (2, False)]
     assert health[0].status_code == 200 and health[0].json()["compiling"] == []

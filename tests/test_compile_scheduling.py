@@ -108,7 +108,7 @@ def test_each_build_collects_its_garbage_then_freezes_what_survives():
     try:
         compiler = BackgroundCompiler.of(Unbuildable(), [1, 2], None, "test")
         compiler.run()
-        assert set(compiler.failed) == {1, 2} and gone() is None
+        assert set(compiler.failed) == {"Unbuildable_1", "Unbuildable_2"} and gone() is None
         assert gc.get_freeze_count() > 0 and kept() is survivor
         assert gc.get_threshold() == threshold  # Python's own collections as they were once compiling ends
     finally:

@@ -1,29 +1,30 @@
-"""Building decode steps: the blocks of a step as one nested compile region (CUDA's way, run on the CPU:
-server/compiled.py, compile_blocks_once), and a bucket not built yet running padded on a larger built one."""
+"""Building decode steps: the blocks of a step as one nested compile region (server/compiled.py, regional_copy),
+and a bucket not built yet running padded on a larger built one."""
 
 import pytest
 import torch
 
+from models.cpu import cpu_features
 from server.compiled import BackgroundCompiler
 from server.runners.decoder.runner import GPTRunner
 from server.runners.decoder.step import DecodeStep
-from tests.conftest import tiny_gpt
+from tests.conftest import AVX2, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
 
 
-@pytest.mark.parametrize("variant", ["llama-shaped", "dual-relational"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_step(monkeypatch, variant):
-    """CUDA's compilation (the weights graph inputs, as there), run on the CPU: every block is the same
-    nested compile region, and each bucket's step gives the eager step's tokens and logits, without
-    recompiling on the live inputs."""
+    """The weights graph inputs: every block is the same nested compile region, and each bucket's step gives
+    the eager step's tokens and logits, without recompiling on the live inputs."""
     import server.compiled
 
-    monkeypatch.setattr(server.compiled, "inductor_settings", lambda device, rows: {})
     model = tiny_gpt(vocab_size=97, context_length=64, n_layer=3, **VARIANTS[variant])
-    step = DecodeStep(model, 4, regional=True)
-    region = vars(step.model.blocks[0])["forward"].__func__  # the blocks' own forward: one region for all
-    assert region is not type(step.model.blocks[0]).forward
-    assert all(vars(block)["forward"].__func__ is region for block in step.model.blocks)
+    step = DecodeStep(model, 4)
+    blocks = step.regional_model.blocks
+    region = vars(blocks[0])["forward"].__func__  # the blocks' own forward: one region for all
+    assert region is not type(blocks[0]).forward
+    assert all(vars(block)["forward"].__func__ is region for block in blocks)
+    assert all("forward" not in vars(block) for block in step.model.blocks)  # the model itself is left as it is
     compiler = BackgroundCompiler.of(step, step.compile_order(4), None, "test")
     torch.manual_seed(1)
     with torch.inference_mode():
@@ -33,7 +34,7 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
     capture = server.compiled.GraphCapture.__call__
     monkeypatch.setattr(server.compiled.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i))
     for rows in step.compile_order(4):
-        step.compiled[rows] = compiler.build(rows)
+        step.compiled[rows] = compiler.build(rows, regional=True)
         calls = [n for n in traced[-1].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
         # every block calls the one region (torch 2.11 traced a region per block: 30 for a 30-layer model)
         assert len(calls) == 3 and len({n.args[0].target for n in calls}) == 1
@@ -76,3 +77,71 @@ def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_
     assert ran == [8, 8, 4]
     assert got.greedy == want.greedy and got.logits.shape == (3, 97)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32-avx2", "bfloat16"])
+def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_without_dynamo(monkeypatch, dtype):
+    """On the CPU the regional graph runs the eager model's prepacked layers (oneDNN's, an opaque op to inductor),
+    their packed weights graph inputs bound at build time, not frozen copies; the engine calls the graph itself."""
+    import server.compiled
+    from server.runners.decoder.prepacked import prepacked_linear
+
+    if dtype == "bfloat16":
+        if not cpu_features().onednn_bf16:
+            pytest.skip("this CPU's oneDNN has no bf16")
+        model = tiny_gpt(vocab_size=97, context_length=64, n_layer=2).to(torch.bfloat16)
+    else:
+        emulate_cpu(monkeypatch, AVX2)  # float32 prepacked without AVX-512 (kernels run as this CPU can)
+        model = tiny_gpt(vocab_size=97, context_length=64, n_layer=2)
+    step = DecodeStep(model.eval(), 2)
+    traced: list[torch.fx.GraphModule] = []
+    capture = server.compiled.GraphCapture.__call__
+    monkeypatch.setattr(server.compiled.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i))
+    compiled = BackgroundCompiler.of(step, [2], None, "test").build(2, regional=True)
+    region = next(m for name, m in traced[0].named_modules() if "subgraph" in name)
+    assert any(n.target is torch.ops.tinyserve.prepacked_linear.default for n in region.graph.nodes)
+    assert prepacked_linear  # the op the graph calls, registered by the module
+    with torch.inference_mode():
+        inputs = step.inputs(2, 16)
+        for t in inputs[4:]:
+            t.normal_()
+        inputs[0][:, 0] = torch.tensor([5, 9])
+        inputs[1][:, 0] = torch.tensor([3, 7])
+        want = step.regional(*inputs)
+        with torch.profiler.profile() as profile:
+            got = compiled(*inputs)
+    assert not {e.name for e in profile.events()} & {"TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/0"}
+    assert got[0].tolist() == want[0].tolist()
+    tolerance = 2e-2 if dtype == "bfloat16" else 1e-4
+    torch.testing.assert_close(got[2].float(), want[2].float(), rtol=tolerance, atol=tolerance)
+
+
+def test_a_regional_build_that_fails_is_built_whole_and_a_failed_frozen_build_keeps_the_regional_graph(
+    monkeypatch, caplog
+):
+    """torch specialises some regional graphs' dynamic sizes: such a pass builds one whole graph instead. A frozen
+    build that fails leaves the bucket on its regional graph."""
+    import logging
+
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 1)
+    compiler = BackgroundCompiler(runner.compile_passes(1), None, "test")
+    compile = BackgroundCompiler.compile
+    made: list[tuple] = []
+
+    def regional_prompts_fail(self, bucket, settings, regional=False):
+        made.append((bucket, regional))
+        if regional and bucket is None or not regional and bucket == 1:
+            raise RuntimeError("specialised")
+        return compile(self, bucket, settings, regional)
+
+    monkeypatch.setattr(BackgroundCompiler, "compile", regional_prompts_fail)
+    with caplog.at_level(logging.WARNING, logger="tinyserve"):
+        compiler.run()
+    assert made[:3] == [(1, True), (None, True), (None, False)]  # the prompts' pass: regional, then whole
+    assert None in runner.prompts.compiled and 1 in runner.step.compiled
+    assert "PromptPass_regional: regional build failed" in caplog.text
+    assert "DecodeStep_1 not built, the bucket keeps its regional graph" in caplog.text
+    assert list(compiler.failed) == ["DecodeStep_1"] and list(compiler.seconds) == [
+        "DecodeStep_1_regional",
+        "PromptPass_regional",
+    ]

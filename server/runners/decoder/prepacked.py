@@ -23,6 +23,19 @@ from models import cpu
 from models.quantize import WeightOnlyInt8Linear, replace_linears
 
 
+@torch.library.custom_op("tinyserve::prepacked_linear", mutates_args=())
+def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's linear on a prepacked weight, an opaque call to inductor: its own lowering of oneDNN's op takes
+    frozen constants only, and a graph that takes the weights as inputs (server/compiled.py's regional builds)
+    calls this."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@prepacked_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
 class PrepackedLinear(nn.Module):
     """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
 
@@ -33,6 +46,8 @@ class PrepackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        if torch.compiler.is_compiling():
+            return prepacked_linear(x, self.packed, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

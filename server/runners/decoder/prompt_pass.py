@@ -16,6 +16,7 @@ import torch
 
 from models.gpt import GPT
 from models.kv_cache import StaticKVCache
+from server.runners.decoder.step import DecodeStep
 
 # (ids (B, T), positions (B, T), last (B,), *cache views (B, *, T, *)) -> next-token logits (B, vocab);
 # writes the prompts' keys and values into the views
@@ -38,13 +39,16 @@ def prompt_pass(model: GPT, n_layer: int) -> PromptFn:
 class PromptPass:
     """The GPT's prefill, compiled once (bucket None: any rows, any prompt length) where the device allows it."""
 
-    def __init__(self, model: GPT, eager_model: GPT, cache: StaticKVCache, dtype: torch.dtype) -> None:
-        self.device = next(model.parameters()).device
-        self.dtype = dtype  # the step's rounding dtype: sets the compiled pass's tolerance
-        self.cache = cache
-        self.vocab_size = model.config.vocab_size
-        self.traced = prompt_pass(model, model.config.n_layer)  # what the compiler traces and checks against
-        self.uncompiled = prompt_pass(eager_model, model.config.n_layer)  # the prepacked copy's (prepacked.py)
+    def __init__(self, step: DecodeStep) -> None:
+        """The decode step's models (plain, prepacked, regional), cache and rounding dtype, over whole prompts."""
+        self.device = step.device
+        self.dtype = step.dtype  # sets the compiled pass's tolerance
+        self.cache = step.cache
+        self.vocab_size = step.vocab_size
+        n_layer = step.model.config.n_layer
+        self.traced = prompt_pass(step.model, n_layer)  # what a whole graph traces, and is checked against
+        self.regional = prompt_pass(step.regional_model, n_layer)  # the graph built on the CPU (DecodeStep's)
+        self.uncompiled = prompt_pass(step.eager_model, n_layer)  # the prepacked copy's (prepacked.py)
         self.compiled: dict[None, PromptFn] = {}  # None -> the compiled pass, added when ready
 
     def buckets(self) -> list[None]:

@@ -4,7 +4,6 @@ shapes, compiled) extends them; both are the model's one forward(idx, input_pos)
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import replace
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from models.gpt import GPT
+from server.compiled import Pass
 from server.config import default
 from server.runners.base import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
 from server.runners.decoder.prompt_pass import PromptPass
@@ -62,7 +62,7 @@ class GPTRunner:
         )
         self.device = next(model.parameters()).device
         self.step = DecodeStep(model, max_rows)
-        self.prompts = PromptPass(model, self.step.eager_model, self.step.cache, self.step.dtype)
+        self.prompts = PromptPass(self.step)
         self.facts = replace(
             self.facts, kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()), slots=max_rows
         )
@@ -95,7 +95,10 @@ class GPTRunner:
         out = self.model(torch.tensor([ids], device=self.device), return_attention=True)
         return [a[0] for a in out.attentions]
 
-    def compile_passes(self, max_rows: int) -> list[tuple[DecodeStep | PromptPass, Hashable]]:
-        """The decode step's smallest bucket, the prompts' pass (every request runs one), then the other buckets."""
-        decode = [(self.step, rows) for rows in self.step.compile_order(max_rows)]
-        return decode[:1] + [(self.prompts, bucket) for bucket in self.prompts.buckets()] + decode[1:]
+    def compile_passes(self, max_rows: int) -> list[Pass]:
+        """Regional graphs first, quick to build: the decode step's smallest bucket, the prompts' pass (every
+        request runs one), the other buckets; then whole frozen graphs of the buckets where they are faster."""
+        rows = self.step.compile_order(max_rows)
+        regional = [Pass(self.step, r, regional=True) for r in rows]
+        prompts = [Pass(self.prompts, bucket, regional=True) for bucket in self.prompts.buckets()]
+        return regional[:1] + prompts + regional[1:] + [Pass(self.step, r) for r in rows if self.step.freezes(r)]

@@ -26,7 +26,7 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.compiled import buckets, compile_blocks_once
+from server.compiled import buckets, freezing_beats_regional, regional_copy
 from server.runners.base import StepOutput
 from server.runners.decoder.cuda_graphs import CUDAGraphs
 from server.runners.decoder.prepacked import prepacked_copy
@@ -139,7 +139,7 @@ def rounding_dtype(model: GPT) -> torch.dtype:
 
 
 class DecodeStep:
-    def __init__(self, model: GPT, max_rows: int, regional: bool | None = None) -> None:
+    def __init__(self, model: GPT, max_rows: int) -> None:
         self.model = model
         self.max_rows = max_rows
         self.row_buckets = buckets(max_rows)
@@ -154,17 +154,15 @@ class DecodeStep:
             # one spare column: every view of the first S <= context columns is then strided alike; a view
             # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
             self.cache = model.new_cache(max_rows, columns=self.context + 1)
-        # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels)
+        # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
+        # plain model as one whole graph (frozen on the CPU), or regionally (server/compiled.py, regional_copy):
+        # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU);
+        # a 30-layer model's bucket took minutes otherwise
         self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
+        self.regional_model = regional_copy(self.eager_model)
+        self.regional = eager_step(self.regional_model, model.config.n_layer, fused_attention=False)
         self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
         self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
-        # regional compilation (the default on CUDA, where the weights are graph inputs): a bucket's blocks
-        # compile once for all layers; a 30-layer model's bucket took minutes otherwise (H200). Not on the
-        # CPU: its graphs freeze the weights into prepacked constants, which a shared region cannot take.
-        if regional is None:
-            regional = self.device.type == "cuda"
-        if regional:
-            compile_blocks_once(model.blocks)
         # how many times its rows a step may be padded to run on a built bucket while its own builds. CUDA: any
         # (launch-bound: H200, our GPT, 0.216 ms a compiled step at one row, 0.283 at 32; eager 10x slower).
         # CPU: 4 (SmolLM2-135M's shape, bf16, Zen 4: eager 31-35 ms at 1-4 rows, 42 at 8, 67 at 16; the
@@ -194,6 +192,10 @@ class DecodeStep:
 
     def compile_order(self, max_rows: int) -> list[int]:
         return compile_order(self.row_buckets, max_rows)
+
+    def freezes(self, rows: int) -> bool:
+        """Whether the bucket gets a whole frozen graph after its regional one (the CPU's few-row template)."""
+        return freezing_beats_regional(self.device, rows)
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row
