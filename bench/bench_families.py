@@ -12,8 +12,8 @@ the peers' venv: --convert-python). Each server runs in its own process with 2 t
 llama-server alternate within every round and the table gives median tok/s and the median per-round
 ratio. `--weights int8` serves our int8 weights (TINYSERVE_WEIGHTS=int8) against llama-server's q8_0 file
 of the same weights. Greedy, exactly --new-tokens tokens (min_new_tokens / ignore_eos), the prompt sent as token ids.
-Also: time to first token for a --ttft-tokens prompt, resident memory, and the GB/s one stream reads
-(every weight once per token).
+Also: time to first token for a --ttft-tokens prompt, resident memory, the GB/s one stream reads
+(every weight once per token), and each compiled pass's build time (/info).
 """
 
 from __future__ import annotations
@@ -202,6 +202,8 @@ def bench_shape(args, shape: str, work: Path) -> dict:
                 name: round(1000 * min(times), 1)
             }
         out["rss_mb"] = {"ours": round(rss_mb(ours.pid)), "llama-server": round(rss_mb(peer.pid))}
+        info = httpx.get(sides["ours"][0] + "/info", timeout=10).json()
+        out["compile_seconds"] = info["compile_seconds"][shape]  # each compiled pass's build time
         weight_bytes = params * (1 if args.weights == "int8" else 4 if args.dtype == "float32" else 2)
         single = out.get("1 streams")
         if single:  # one stream reads every weight once per token

@@ -3,25 +3,28 @@
 Three targets have buckets to compile: the GPT's decode step (server/runners/decoder/step.py: one per row
 count, its key columns a dynamic dimension), its prompts' pass (prompt_pass.py beside it: one graph, group size
 and prompt length dynamic) and the EsperBERTo encoder (server/encoder_step.py). Each gives the compiler its
-buckets, the function to trace (`traced`), and example inputs of a bucket's shapes; the compiler fills its
-`compiled` dict.
+buckets, the function to trace (`traced`; the GPT's also `regional`), and example inputs of a bucket's shapes;
+the compiler fills its `compiled` dict.
 
-On the CPU, `torch.compile` with inductor's freezing: the weights become constants and the linear
-layers prepacked oneDNN kernels (bench/profile_step.py: 2.0 ms a one-row step against 4.0 ms with
-the weights as graph inputs). Freezing is set in inductor's config around the first call (passed as
-torch.compile(options=...) it never takes effect). On CUDA the same step is compiled with
-inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
-(server/runners/decoder/cuda_graphs.py).
+A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
+region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
+layers (server/runners/decoder/prepacked.py), bound to the graph's direct call (SmolLM2-135M's shape, bf16,
+Zen 4: 30-35 s a bucket against ~100 s whole and frozen, the 32-row step 35.5 against 34.8 ms). Whole, on the
+CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs; it makes a step
+of a few rows faster (one row 5.8 against ~14 ms for the same model's prepacked layers), so those buckets are
+then built whole too and replace their regional graphs (`freezing_beats_regional`). Freezing is set in
+inductor's config around the first call (passed as torch.compile(options=...) it never takes effect). On
+CUDA a step is built regionally with inductor's defaults (Triton kernels), and the compute thread replays it as
+a CUDA graph per shape (server/runners/decoder/cuda_graphs.py).
 
-A bucket's step is compiled on a background thread (at the lowest CPU priority, pausing while the
-compute thread has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's
-shapes, and checked against the traced function run eagerly (the same kernels) before the engine may
-use it: a failure or a mismatch logs a line and leaves that bucket eager. The engine then calls the
-built graph itself, not through dynamo (GraphCapture). Inductor's artifacts are saved per checkpoint,
-dtype, device, weights' form, bucket and torch version (torch.compiler.save_cache_artifacts), so a
-restarted server builds from its cache. A frozen CPU graph holds oneDNN tensors, which inductor does
-not pickle: on the CPU the passes compile at every start (the cache serves CUDA's graphs), as measured
-in docs/BENCHMARKS.md.
+A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread
+has work: server/compute.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked against
+the traced function run eagerly (the same kernels) before the engine may use it: a failure or a mismatch logs a
+line and leaves the bucket as it was. The engine then calls the built graph itself, not through dynamo
+(server/graph_call.py). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form, pass and
+torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its cache. A frozen CPU
+graph holds oneDNN tensors, which inductor does not pickle: the CPU's frozen passes compile at every start, its
+regional ones come from the cache, as measured in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # of the weights: sets the tolerance
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
-    # a target with blocks may also have `regional`: the same function over a copy of its model whose blocks are
-    # one compile region (regional_copy), traced with the weights as graph inputs
+    # the decode step also has `regional`: the same function over a copy of its model whose blocks are one
+    # compile region (regional_copy), traced with the weights as graph inputs
     compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]  # bucket -> compiled, when ready
 
     def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
@@ -334,8 +337,8 @@ class BackgroundCompiler:
             try:
                 compiled, got = self.compile(bucket, {}, regional=True)
             except Exception as e:
-                # torch 2.13 specialises the dynamic sizes of a region that writes its inputs in some graphs
-                # (softmax1's prompts' pass): one whole graph instead
+                # torch 2.13 specialises a reused region's dynamic sizes in some graphs (the prompts' pass's group
+                # and prompt sizes): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket)
             return self.matching(bucket, target.regional, compiled, got)

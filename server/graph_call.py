@@ -14,8 +14,9 @@ class GraphCapture:
     """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
     called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.16 ms of a 1.20 ms
     one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). That needs a graph whose inputs are
-    the function's arguments alone, as a frozen CPU graph's are (its weights are constants); where the
-    weights are inputs too (CUDA, unfrozen) the function is called through dynamo. Like vLLM's compile
+    the function's arguments, as a frozen CPU graph's are (its weights are constants), or also the weights,
+    bound once (`bind_weights`: the CPU's regional graphs); otherwise the function is called through dynamo
+    (CUDA, whose captured CUDA graphs replay without it). Like vLLM's compile
     wrapper, which also skips the guards, it relies on the caller: each bucket's step is called only
     with inputs shaped and strided as the traced ones (its preallocated views)."""
 

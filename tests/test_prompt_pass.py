@@ -1,5 +1,4 @@
-"""The compiled prompts' pass (prefill): one regional graph for every group size and prompt length, exact against
-eager."""
+"""The compiled prompts' pass (prefill): one graph for every group size and prompt length, exact against eager."""
 
 import pytest
 import torch
@@ -31,8 +30,7 @@ def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant):
     logits and every key and value written match the eager pass within float32's rounding."""
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant]), None, 4)
     with torch.inference_mode():
-        compiler = BackgroundCompiler.of(runner.prompts, [None], None, "test")
-        runner.prompts.compiled[None] = compiler.build(None, regional=True)
+        runner.prompts.compiled[None] = BackgroundCompiler.of(runner.prompts, [None], None, "test").build(None)
         for slots, prompts in [([0], [[5, 17, 3, 42, 8, 11, 2, 9]]), ([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17])]:
             (want, want_cache), (got, got_cache) = prefill_both(runner, slots, prompts)
             assert got.shape == (len(prompts), 97)
@@ -48,8 +46,7 @@ def test_the_engine_gives_the_eager_tokens_with_the_compiled_prompt_pass():
     eager, compiled = started(model), started(model)
     try:
         prompt_pass = compiled.runner.prompts
-        compiler = BackgroundCompiler.of(prompt_pass, [None], None, "test")
-        prompt_pass.compiled[None] = compiler.build(None, regional=True)
+        prompt_pass.compiled[None] = BackgroundCompiler.of(prompt_pass, [None], None, "test").build(None)
         for prompt in prompts:
             want = [e.id for e in eager.generate(prompt, greedy)[0]]
             assert [e.id for e in compiled.generate(prompt, greedy)[0]] == want
@@ -73,10 +70,10 @@ def test_a_one_token_prompt_runs_eagerly():
 
 
 @pytest.mark.parametrize("features", [AVX2, AVX512_BF16], ids=["avx2", "avx512_bf16"])
-def test_regional_graphs_build_first_the_prompt_pass_second_and_frozen_ones_where_the_template_serves(
+def test_regional_steps_build_first_the_prompt_pass_second_and_frozen_steps_where_the_template_serves(
     monkeypatch, features
 ):
-    """Every request runs a prefill: its (regional) graph is built right after the one-row decode step's, before
+    """Every request runs a prefill: its graph is built right after the one-row decode step's regional one, before
     the other buckets'; then the buckets whose products the C++ GEMM template takes get a whole frozen graph
     (a few rows with AVX-512, all without). On CUDA no prompt pass (its graph would run through dynamo, which
     recompiles for a lone prompt) and nothing frozen."""
@@ -84,11 +81,11 @@ def test_regional_graphs_build_first_the_prompt_pass_second_and_frozen_ones_wher
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8)
     step, prompts = runner.step, runner.prompts
     frozen = [1, 8, 2, 4] if features is AVX2 else [1, 2, 4]
-    regional = [Pass(step, 1, True), Pass(prompts, None, True), *(Pass(step, r, True) for r in (8, 2, 4))]
+    regional = [Pass(step, 1, True), Pass(prompts, None), *(Pass(step, r, True) for r in (8, 2, 4))]
     assert runner.compile_passes(8) == regional + [Pass(step, r) for r in frozen]
     compiler = BackgroundCompiler(runner.compile_passes(8), None, "test")
-    labels = [compiler.label(None, True), compiler.label(1, True), compiler.label(1)]
-    assert labels == ["PromptPass_regional", "DecodeStep_1_regional", "DecodeStep_1"]
+    labels = [compiler.label(None), compiler.label(1, True), compiler.label(1)]
+    assert labels == ["PromptPass", "DecodeStep_1_regional", "DecodeStep_1"]
     prompts.device = step.device = torch.device("cuda")
     assert runner.compile_passes(8) == [Pass(step, r, True) for r in (1, 8, 2, 4)]
 

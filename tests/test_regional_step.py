@@ -123,25 +123,23 @@ def test_a_regional_build_that_fails_is_built_whole_and_a_failed_frozen_build_ke
     build that fails leaves the bucket on its regional graph."""
     import logging
 
-    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 1)
-    compiler = BackgroundCompiler(runner.compile_passes(1), None, "test")
+    step = DecodeStep(tiny_gpt(vocab_size=97, context_length=64), 2)
+    compiler = BackgroundCompiler([(step, 1, True), (step, 2, True), (step, 2)], None, "test")
     compile = BackgroundCompiler.compile
     made: list[tuple] = []
 
-    def regional_prompts_fail(self, bucket, settings, regional=False):
+    def some_fail(self, bucket, settings, regional=False):
         made.append((bucket, regional))
-        if regional and bucket is None or not regional and bucket == 1:
+        if (bucket, regional) in {(1, True), (2, False)}:
             raise RuntimeError("specialised")
         return compile(self, bucket, settings, regional)
 
-    monkeypatch.setattr(BackgroundCompiler, "compile", regional_prompts_fail)
+    monkeypatch.setattr(BackgroundCompiler, "compile", some_fail)
     with caplog.at_level(logging.WARNING, logger="tinyserve"):
         compiler.run()
-    assert made[:3] == [(1, True), (None, True), (None, False)]  # the prompts' pass: regional, then whole
-    assert None in runner.prompts.compiled and 1 in runner.step.compiled
-    assert "PromptPass_regional: regional build failed" in caplog.text
-    assert "DecodeStep_1 not built, the bucket keeps its regional graph" in caplog.text
-    assert list(compiler.failed) == ["DecodeStep_1"] and list(compiler.seconds) == [
-        "DecodeStep_1_regional",
-        "PromptPass_regional",
-    ]
+    assert made[:3] == [(1, True), (1, False), (2, True)]  # bucket 1: regional, then whole
+    assert set(step.compiled) == {1, 2}
+    assert "DecodeStep_1_regional: regional build failed" in caplog.text
+    assert "DecodeStep_2 not built, the bucket keeps its regional graph" in caplog.text
+    assert list(compiler.failed) == ["DecodeStep_2"]
+    assert list(compiler.seconds) == ["DecodeStep_1_regional", "DecodeStep_2_regional"]

@@ -2,7 +2,8 @@
 
 A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
 Both B and T are compiled dynamic, so one graph serves every group, on the CPU where inductor freezes the
-weights into prepacked linear layers that take any number of rows (bench/profile_step.py, Zen 4: gpt-wikitext2's
+weights into prepacked linear layers that take any number of rows (one whole graph: torch specialises a reused
+region's dynamic sizes, server/compiled.py) (bench/profile_step.py, Zen 4: gpt-wikitext2's
 14-token prompt 3.2 -> 1.9 ms in bf16, 6.2 -> 4.0 ms in float32 AVX2-emulated; 32 of them 26.8 -> 21.4 and
 47.7 -> 40.8 ms). On CUDA the prompts stay eager: its graphs take the weights as inputs, so they run through
 dynamo, which specialises a dimension of size 1 and would recompile for a lone prompt on the request path.
@@ -40,14 +41,13 @@ class PromptPass:
     """The GPT's prefill, compiled once (bucket None: any rows, any prompt length) where the device allows it."""
 
     def __init__(self, step: DecodeStep) -> None:
-        """The decode step's models (plain, prepacked, regional), cache and rounding dtype, over whole prompts."""
+        """Over the decode step's models (plain and prepacked) and cache, with its rounding dtype."""
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.cache = step.cache
         self.vocab_size = step.vocab_size
         n_layer = step.model.config.n_layer
-        self.traced = prompt_pass(step.model, n_layer)  # what a whole graph traces, and is checked against
-        self.regional = prompt_pass(step.regional_model, n_layer)  # the graph built on the CPU (DecodeStep's)
+        self.traced = prompt_pass(step.model, n_layer)  # what the compiler traces and checks against
         self.uncompiled = prompt_pass(step.eager_model, n_layer)  # the prepacked copy's (prepacked.py)
         self.compiled: dict[None, PromptFn] = {}  # None -> the compiled pass, added when ready
 

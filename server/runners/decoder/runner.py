@@ -96,9 +96,10 @@ class GPTRunner:
         return [a[0] for a in out.attentions]
 
     def compile_passes(self, max_rows: int) -> list[Pass]:
-        """Regional graphs first, quick to build: the decode step's smallest bucket, the prompts' pass (every
-        request runs one), the other buckets; then whole frozen graphs of the buckets where they are faster."""
+        """The decode step's regional graphs, quick to build, its smallest bucket first, then the prompts' pass
+        (every request runs one), then the other buckets; then whole frozen graphs of the buckets where they are
+        faster."""
         rows = self.step.compile_order(max_rows)
         regional = [Pass(self.step, r, regional=True) for r in rows]
-        prompts = [Pass(self.prompts, bucket, regional=True) for bucket in self.prompts.buckets()]
+        prompts = [Pass(self.prompts, bucket) for bucket in self.prompts.buckets()]
         return regional[:1] + prompts + regional[1:] + [Pass(self.step, r) for r in rows if self.step.freezes(r)]
