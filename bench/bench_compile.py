@@ -2,14 +2,16 @@
 builds it first).
 
     .venv/bin/python bench/bench_compile.py [--shape smollm2-135m] [--dtype float32] [--rows 1]
-        [--regional] [--unfrozen] [--phases]
+        [--regional] [--unfrozen] [--phases] [--gated]
 
 A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
 50 steps. --regional: the regional pass (server/compiled.py, regional_copy: every block one nested compile
 region, the weights graph inputs, the prepacked layers on the CPU). --unfrozen: a whole graph with the weights
 as graph inputs (no freezing). --phases: dynamo's and inductor's time per phase, each call's time listed (a region
-traced once per block lists as many). Run it on an idle machine with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR).
+traced once per block lists as many). --gated: built as the server builds it, on a thread that yields to requests
+(server/compute.py, YieldToRequests; none run here). Run it on an idle machine with an empty inductor cache
+(TORCHINDUCTOR_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +32,7 @@ import server.compiled  # noqa: E402
 from bench.bench_families import SHAPES, shape_config  # noqa: E402
 from model_store.families import family_of  # noqa: E402
 from models.gpt import GPT  # noqa: E402
+from server.compute import YieldToRequests  # noqa: E402
 from server.runners.decoder.step import DecodeStep  # noqa: E402
 
 
@@ -46,6 +50,7 @@ def main() -> None:
     ap.add_argument("--regional", action="store_true")
     ap.add_argument("--unfrozen", action="store_true")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--gated", action="store_true")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.unfrozen:
@@ -54,7 +59,13 @@ def main() -> None:
     step = DecodeStep(model, args.rows)
     t = time.perf_counter()
     compiler = server.compiled.BackgroundCompiler.of(step, [args.rows], None, "bench")
-    step.compiled[args.rows] = compiler.build(args.rows, regional=args.regional)
+    if args.gated:
+        idle = threading.Event()
+        idle.set()
+        with YieldToRequests(idle).gating():
+            step.compiled[args.rows] = server.compiled.on_own_thread(compiler.build, args.rows, args.regional)
+    else:
+        step.compiled[args.rows] = compiler.build(args.rows, regional=args.regional)
     compile_s = time.perf_counter() - t
     if args.phases:
         print(torch._dynamo.utils.compile_times(repr="str"))

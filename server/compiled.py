@@ -35,7 +35,6 @@ import gc
 import hashlib
 import json
 import logging
-import sys
 import threading
 import time
 import types
@@ -47,6 +46,7 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
+from server.compute import YieldToRequests
 from server.graph_call import GraphCapture, skipping_guards
 
 log = logging.getLogger("tinyserve")
@@ -198,17 +198,17 @@ def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) ->
 
 
 def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
-    """fn(*args) on a new thread that ends with it, traced as the caller is (server/compute.py,
+    """fn(*args) on a new thread that ends with it, gated as the caller is (server/compute.py,
     YieldToRequests: requests go first); its result, or its exception raised here."""
     outcome: list = []
-    trace = sys.gettrace()
+    gate = YieldToRequests.of_this_thread()
 
     def run() -> None:
-        sys.settrace(trace)
-        try:
-            outcome.append((True, fn(*args)))
-        except BaseException as e:  # handed to the caller
-            outcome.append((False, e))
+        with gate.gating() if gate is not None else contextlib.nullcontext():
+            try:
+                outcome.append((True, fn(*args)))
+            except BaseException as e:  # handed to the caller
+                outcome.append((False, e))
 
     thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-build", daemon=True)
     thread.start()

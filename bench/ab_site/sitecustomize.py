@@ -5,6 +5,7 @@ TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
 
     AB_MODE=no_prompt_pass  the prompts' pass stays eager (server/runners/decoder/prompt_pass.py)
     AB_MODE=int8            TINYSERVE_WEIGHTS=int8 (int8 against the default dtype in the same rounds)
+    AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/compiled.py)
 """
 
 import os
@@ -17,5 +18,15 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
         prompt_pass.PromptPass.buckets = lambda self: []
     elif mode == "int8":
         os.environ["TINYSERVE_WEIGHTS"] = "int8"
+    elif mode == "whole_only":
+        from server.runners.decoder.runner import GPTRunner
+
+        passes = GPTRunner.compile_passes
+
+        def whole_only(self, max_rows: int) -> list:  # each bucket once, whole (the frozen ones already are)
+            built = passes(self, max_rows)
+            return [p._replace(regional=False) for p in built if not (p.regional and p.target.freezes(p.bucket))]
+
+        GPTRunner.compile_passes = whole_only
     else:
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8)")
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only)")
