@@ -9,10 +9,11 @@ the compiler fills its `compiled` dict.
 A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
 layers (server/runners/decoder/prepacked.py), bound to the graph's direct call (SmolLM2-135M's shape, bf16,
-Zen 4: 30-35 s a bucket against ~100 s whole and frozen, the 32-row step 35.5 against 34.8 ms). Whole, on the
-CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs; it makes a step
-of a few rows faster (one row 5.8 against ~14 ms for the same model's prepacked layers), so those buckets are
-then built whole too and replace their regional graphs (`freezing_beats_regional`). Freezing is set in
+Zen 4: 27-35 s a bucket against ~100 s whole and frozen). Whole, on the CPU with inductor's freezing: the
+weights become constants, which the C++ GEMM template needs, and oneDNN's linear layers take their bias and
+activation: faster at every row count (SmolLM2's shape one row 5.8 against 15.2 ms, 32 rows 34.8 against 35.5;
+gpt-wikitext2's 32 rows 4.29 against 4.50), so on the CPU every bucket is then built whole too, and its frozen
+graph replaces the regional one: compiled steps from the first half-minute, the fastest ones later. Freezing is set in
 inductor's config around the first call (passed as torch.compile(options=...) it never takes effect). On
 CUDA a step is built regionally with inductor's defaults (Triton kernels), and the compute thread replays it as
 a CUDA graph per shape (server/runners/decoder/cuda_graphs.py).
@@ -136,15 +137,6 @@ def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
     for block in regional.blocks:
         block.forward = types.MethodType(region, block)
     return regional
-
-
-def freezing_beats_regional(device: torch.device, rows: int | None) -> bool:
-    """Whether a whole frozen graph of a step whose products have `rows` rows is faster than its regional one:
-    where its products compile in the C++ GEMM template, which takes frozen weights only (SmolLM2-135M's shape,
-    bf16, one row, Zen 4: 10.4 against 15.4 ms). The prepacked layers are the same oneDNN kernels either way
-    (32 rows: 34.8 frozen, 35.5 regional), so there the regional graph is kept: a third of the compile time
-    (32 against 100 s) and no frozen copy of the weights."""
-    return device.type == "cpu" and template_serves(rows)
 
 
 def own_code(fn: Callable, name: str) -> Callable:

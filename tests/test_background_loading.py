@@ -114,6 +114,5 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
         release.set()
         thread.join(60)
     # the one-row step (regional), the prompts' pass (bucket None), the two-row step (regional); then frozen steps
-    # (the template's few rows)
     assert built == [(1, True), (None, False), (2, True), (1, False), (2, False)]
     assert health[0].status_code == 200 and health[0].json()["compiling"] == []

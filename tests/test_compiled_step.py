@@ -380,7 +380,7 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         assert set(gpt.runner.step.compiled) == {1} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
         built = client.get("/info").json()["compile_seconds"]  # each build's time, as the log says it
-        cpu = gpt.runner.device.type == "cpu"  # regional graphs, then (CPU) the frozen one of the template's rows
+        cpu = gpt.runner.device.type == "cpu"  # regional graphs, then (CPU) the frozen ones
         passes = ["DecodeStep_1_regional", "PromptPass", "DecodeStep_1"] if cpu else ["DecodeStep_1_regional"]
         assert list(built["tiny-gpt"]) == passes and min(built["tiny-gpt"].values()) > 0
         assert client.post("/generate", json=body).status_code == 200

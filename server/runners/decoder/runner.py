@@ -98,7 +98,7 @@ class GPTRunner:
     def compile_passes(self, max_rows: int) -> list[Pass]:
         """The decode step's regional graphs, quick to build, its smallest bucket first, then the prompts' pass
         (every request runs one), then the other buckets; then whole frozen graphs of the buckets where they are
-        faster."""
+        faster (the CPU's: server/compiled.py)."""
         rows = self.step.compile_order(max_rows)
         regional = [Pass(self.step, r, regional=True) for r in rows]
         prompts = [Pass(self.prompts, bucket) for bucket in self.prompts.buckets()]

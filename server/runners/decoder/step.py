@@ -26,7 +26,7 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.compiled import buckets, freezing_beats_regional, regional_copy
+from server.compiled import buckets, regional_copy
 from server.runners.base import StepOutput
 from server.runners.decoder.cuda_graphs import CUDAGraphs
 from server.runners.decoder.prepacked import prepacked_copy
@@ -194,8 +194,9 @@ class DecodeStep:
         return compile_order(self.row_buckets, max_rows)
 
     def freezes(self, rows: int) -> bool:
-        """Whether the bucket gets a whole frozen graph after its regional one (the CPU's few-row template)."""
-        return freezing_beats_regional(self.device, rows)
+        """Whether the bucket gets a whole frozen graph after its regional one: on the CPU, where it is faster
+        (server/compiled.py)."""
+        return self.device.type == "cpu"
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row
