@@ -329,8 +329,8 @@ class BackgroundCompiler:
             try:
                 compiled, got = self.compile(bucket, {}, regional=True)
             except Exception as e:
-                # torch 2.13 specialises a reused region's dynamic sizes in some graphs (the prompts' pass's group
-                # and prompt sizes): one whole graph instead
+                # torch 2.13 specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
+                # is built whole): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket)
             return self.matching(bucket, target.regional, compiled, got)

@@ -23,9 +23,8 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         passes = GPTRunner.compile_passes
 
-        def whole_only(self, max_rows: int) -> list:  # each bucket once, whole (the frozen ones already are)
-            built = passes(self, max_rows)
-            return [p._replace(regional=False) for p in built if not (p.regional and p.target.freezes(p.bucket))]
+        def whole_only(self, max_rows: int) -> list:  # each bucket once, frozen, as before the regional builds
+            return [p for p in passes(self, max_rows) if not p.regional]
 
         GPTRunner.compile_passes = whole_only
     else:

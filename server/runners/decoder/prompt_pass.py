@@ -2,10 +2,10 @@
 
 A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
 Both B and T are compiled dynamic, so one graph serves every group, on the CPU where inductor freezes the
-weights into prepacked linear layers that take any number of rows (one whole graph: torch specialises a reused
-region's dynamic sizes, server/compiled.py) (bench/profile_step.py, Zen 4: gpt-wikitext2's
-14-token prompt 3.2 -> 1.9 ms in bf16, 6.2 -> 4.0 ms in float32 AVX2-emulated; 32 of them 26.8 -> 21.4 and
-47.7 -> 40.8 ms). On CUDA the prompts stay eager: its graphs take the weights as inputs, so they run through
+weights into prepacked linear layers that take any number of rows; one whole graph, not a regional one, whose
+dynamic sizes torch specialises (server/compiled.py). bench/profile_step.py, Zen 4: gpt-wikitext2's 14-token
+prompt 3.2 -> 1.9 ms in bf16, 6.2 -> 4.0 ms in float32 AVX2-emulated; 32 of them 26.8 -> 21.4 and 47.7 -> 40.8
+ms. On CUDA the prompts stay eager: its graphs take the weights as inputs, so they run through
 dynamo, which specialises a dimension of size 1 and would recompile for a lone prompt on the request path.
 """
 
