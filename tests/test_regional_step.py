@@ -108,7 +108,7 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
         want = step.regional(*inputs)
         with torch.profiler.profile() as profile:
             got = compiled(*inputs)
-    assert not {e.name for e in profile.events()} & {"TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/0"}
+    assert not any(e.name.startswith(("TorchDynamo", "Torch-Compiled Region")) for e in profile.events())
     assert got[0].tolist() == want[0].tolist()
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-4
     torch.testing.assert_close(got[2].float(), want[2].float(), rtol=tolerance, atol=tolerance)
