@@ -5,6 +5,7 @@ both; the engine's compute thread calls them)."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -22,13 +23,15 @@ class GraphCapture:
 
     def __init__(self, backend: Callable | str) -> None:
         self.backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
-        # (each graph input's source, the tensor it was traced with, the compiled graph)
+        # (each graph input's source, a weak reference to the tensor it was traced with, the compiled graph): weak,
+        # or the scratch inputs (a bucket's whole cache) would live as long as the graph
         self.graphs: list[tuple[list, list, Callable]] = []
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
         sources = [node.meta["grapharg"].source for node in graph.graph.nodes if node.op == "placeholder"]
         compiled = self.backend(graph, example_inputs)
-        self.graphs.append((sources, list(example_inputs), compiled))
+        examples = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in example_inputs]
+        self.graphs.append((sources, examples, compiled))
         return compiled
 
     def direct(self, fn: Callable, returns_tensor: bool, bind_weights: bool = False) -> Callable | None:
@@ -40,10 +43,11 @@ class GraphCapture:
             return None
         sources, examples, compiled = self.graphs[0]
         getters = [argument_getter(source, fn) for source in sources]
-        if bind_weights:
+        if bind_weights:  # the weights are alive: the function's closure holds them
+            tensors = [ref() if ref is not None else None for ref in examples]
             getters = [
-                g if g is not None or not isinstance(t, torch.Tensor) else (lambda args, t=t: t)
-                for g, t in zip(getters, examples, strict=True)
+                g if g is not None or t is None else (lambda args, t=t: t)
+                for g, t in zip(getters, tensors, strict=True)
             ]
         if any(g is None for g in getters):
             return None
