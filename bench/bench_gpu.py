@@ -11,9 +11,11 @@ process of its own; ours and the peer alternate within every round (after a warm
 results give the median tok/s per side and the median per-round ratio. n streams are n concurrent
 /v1/completions requests of the same 14-token prompt, greedy, exactly --new-tokens tokens each; the peer
 runs them as one batch. Time to first token: one request with a --ttft-tokens prompt (capped at the
-model's context less 16), best of 3. Stream counts are measured in the order the server builds their buckets
-(one stream, the most, then the rest). Also: each compiled bucket's compile time (the server's log: from
-the compile cache where an earlier server on the machine compiled it). --store keeps the random checkpoints
+model's context less 16), best of 3. Each stream count is measured as soon as it
+runs compiled: on the smallest built bucket of at least its rows (on CUDA padded on a larger one while its own
+builds; the server builds one row, the most, then the rest), named in its record. Also: each compiled
+bucket's compile time (the server's log: from the compile cache where an earlier server on the machine
+compiled it). --store keeps the random checkpoints
 (--prepare: only make them), so that servers started beside this script compile the same weights.
 One JSON line per measurement as it is made, so a run cut short keeps what it measured.
 """
@@ -57,13 +59,17 @@ def compile_seconds(log: Path) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"compiled (.+?) in ([\d.]+) s", log.read_text())}
 
 
-def wait_compiled(log: Path, bucket: int, limit_s: float) -> None:
-    """Until the server's log says the bucket's step is built (or stays eager): a bucket is measured as
-    soon as its step is ready, while the larger ones compile (between requests)."""
+def wait_built(log: Path, row_buckets: list[int], rows: int, limit_s: float) -> int:
+    """The smallest built bucket of at least `rows` rows, once the server's log names one: on CUDA a step runs
+    padded on any larger built bucket while its own builds (DecodeStep.padding_limit), so a stream count is
+    measured as soon as it runs compiled, while the other buckets build (between requests)."""
     deadline = time.time() + limit_s
-    while not re.search(rf"DecodeStep_{bucket} (in|stays)", log.read_text()):
+    while True:
+        built = {int(b) for b in re.findall(r"compiled DecodeStep_(\d+)(?:_regional)? in", log.read_text())}
+        if ready := [b for b in row_buckets if b >= rows and b in built]:
+            return ready[0]
         if time.time() > deadline:
-            raise TimeoutError(f"bucket {bucket} not compiled after {limit_s} s")
+            raise TimeoutError(f"no bucket of at least {rows} rows built after {limit_s} s")
         time.sleep(0.5)
 
 
@@ -113,11 +119,10 @@ def bench_model(args, model: str, work: Path) -> list[dict]:
             "transformers": lambda prompts, new: len(prompts) * new / hf("batch_s", prompts, new),
         }
         prompt = hf("prompt")
-        bucket_of = {n: next(b for b in buckets(top) if b >= n) for n in args.streams}
         order = compile_order(buckets(top), top)  # the server's build order
-        for n in sorted(args.streams, key=lambda n: order.index(bucket_of[n])):  # each as soon as it can be
-            bucket = bucket_of[n]
-            wait_compiled(logs["compiled"], bucket, args.ready_limit_s)
+        first_serving = {n: next(b for b in order if b >= n) for n in args.streams}  # the first built that runs n
+        for n in sorted(args.streams, key=lambda n: order.index(first_serving[n])):  # each as soon as it can be
+            bucket = wait_built(logs["compiled"], buckets(top), n, args.ready_limit_s)
             emit({"model": model, "compile_s": compile_seconds(logs["compiled"])})  # as they come: a cut run keeps them
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(args.rounds + 1):
@@ -125,7 +130,8 @@ def bench_model(args, model: str, work: Path) -> list[dict]:
                     rate = tokens_per_s([prompt] * n, args.new_tokens)
                     if r:  # round 0 warms up
                         rates[name].append(rate)
-            record = {"model": model, "streams": n} | {k: round(statistics.median(v), 1) for k, v in rates.items()}
+            record = {"model": model, "streams": n, "bucket": bucket}  # bucket: the graph's rows (padded past n)
+            record |= {k: round(statistics.median(v), 1) for k, v in rates.items()}
             for a in ("compiled", "eager"):
                 per_round = (x / y for x, y in zip(rates[a], rates["transformers"], strict=True))
                 record[f"{a}/transformers"] = round(statistics.median(per_round), 2)
