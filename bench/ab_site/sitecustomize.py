@@ -6,6 +6,7 @@ TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
     AB_MODE=no_prompt_pass  the prompts' pass stays eager (server/runners/decoder/prompt_pass.py)
     AB_MODE=int8            TINYSERVE_WEIGHTS=int8 (int8 against the default dtype in the same rounds)
     AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/compiled.py)
+    AB_MODE=one_bucket      only the one-row decode bucket and the prompts' pass built (TINYSERVE_COMPILE_MAX_BATCH=1)
 """
 
 import os
@@ -18,6 +19,8 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
         prompt_pass.PromptPass.buckets = lambda self: []
     elif mode == "int8":
         os.environ["TINYSERVE_WEIGHTS"] = "int8"
+    elif mode == "one_bucket":
+        os.environ["TINYSERVE_COMPILE_MAX_BATCH"] = "1"
     elif mode == "whole_only":
         from server.runners.decoder.runner import GPTRunner
 
@@ -28,4 +31,4 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         GPTRunner.compile_passes = whole_only
     else:
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only)")
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket)")
