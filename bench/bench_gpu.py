@@ -11,12 +11,12 @@ process of its own; ours and the peer alternate within every round (after a warm
 results give the median tok/s per side and the median per-round ratio. n streams are n concurrent
 /v1/completions requests of the same 14-token prompt, greedy, exactly --new-tokens tokens each; the peer
 runs them as one batch. Time to first token: one request with a --ttft-tokens prompt (capped at the
-model's context less 16), best of 3. Each stream count is measured as soon as it
-runs compiled: on the smallest built bucket of at least its rows (on CUDA padded on a larger one while its own
-builds; the server builds one row, the most, then the rest), named in its record. Also: each compiled
-bucket's compile time (the server's log: from the compile cache where an earlier server on the machine
-compiled it). --store keeps the random checkpoints
-(--prepare: only make them), so that servers started beside this script compile the same weights.
+model's context less 16), best of 3. Each stream count is measured as soon as it runs compiled: on the
+smallest built bucket of at least its rows (on CUDA padded on a larger one while its own builds; the server
+builds one row, the most, then the rest), named in its record. Also: each compiled bucket's compile time (the
+server's log: from the compile cache where an earlier server on the machine compiled it). --store keeps the
+random checkpoints (--prepare: only make them), so that servers started beside this script compile the same
+weights.
 One JSON line per measurement as it is made, so a run cut short keeps what it measured.
 """
 
