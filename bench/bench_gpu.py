@@ -2,7 +2,7 @@
 generate() on a static batch, on the same GPU in the same dtype (float16, `dtype=auto` on CUDA).
 
     python bench/bench_gpu.py [--models gpt-wikitext2,smollm2-135m] [--streams 1,8,32,64] [--rounds 3]
-        [--new-tokens 64] [--ttft-tokens 512] [--store DIR] [--prepare] [--out results.json]
+        [--new-tokens 64] [--ttft-tokens 512] [--store DIR] [--prepare] [--prewarm ROWS] [--out results.json]
 
 gpt-wikitext2 is the shipped GPT (its peer: a transformers GPT-2 of the same sizes, as in
 bench/bench_serving.py); smollm2-135m is SmolLM2-135M's shape with random weights and our 16k tokenizer
@@ -16,7 +16,9 @@ smallest built bucket of at least its rows (on CUDA padded on a larger one while
 builds one row, the most, then the rest), named in its record. Also: each compiled bucket's compile time (the
 server's log: from the compile cache where an earlier server on the machine compiled it). --store keeps the
 random checkpoints (--prepare: only make them), so that servers started beside this script compile the same
-weights.
+weights; --prewarm ROWS builds that decode bucket into the compile cache where the measured server (its batch the
+most --streams) looks for it, and exits: one process a bucket, before the measurement (the GPU machine's torch
+2.11 took 77-85 s a bucket of the Llama shape, the measured server then 12-18 s).
 One JSON line per measurement as it is made, so a run cut short keeps what it measured.
 """
 
@@ -171,6 +173,24 @@ def gpu_memory_mb() -> dict[str, int]:
     return {pid.strip(): int(mb) for pid, mb in (line.split(",") for line in out.splitlines() if "," in line)}
 
 
+def prewarm(store: Path, model: str, rows: int, top: int) -> None:
+    """Build the model's `rows` decode bucket, regionally, as a server with `top` rows builds its first pass of it,
+    into that server's compile cache."""
+    from server.config import Settings
+    from server.registry import ModelRegistry
+
+    settings = Settings(store=store, models=[model], max_batch_size=top, compile_max_batch=top, compile_models=False)
+    registry = ModelRegistry(settings)
+    registry.load_all()
+    try:
+        (compiler,) = registry._compilers()  # the server's, with its cache folder and key
+        t = time.perf_counter()
+        compiler.build(rows, regional=True)
+        emit({"model": model, "prewarmed": compiler.label(rows, True), "seconds": round(time.perf_counter() - t, 1)})
+    finally:
+        registry.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt-wikitext2,smollm2-135m")
@@ -181,6 +201,7 @@ def main() -> None:
     ap.add_argument("--ready-limit-s", type=float, default=900, help="give up on a server not ready by then")
     ap.add_argument("--store", type=Path, default=None, help="keep the random checkpoints here (default: a temp dir)")
     ap.add_argument("--prepare", action="store_true", help="only make the random checkpoints in --store")
+    ap.add_argument("--prewarm", type=int, default=None, help="only build this decode bucket into the compile cache")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -190,6 +211,8 @@ def main() -> None:
         for model in args.models.split(","):
             if args.prepare:
                 print(store_of(model, work))
+            elif args.prewarm is not None:
+                prewarm(store_of(model, work), model, args.prewarm, max(args.streams))
             else:
                 results += bench_model(args, model, work)
     if args.out:
