@@ -195,14 +195,14 @@ class YieldToRequests:
     def gating(self) -> Iterator[None]:
         """The calling thread waits for requests at its collections while inside."""
         self._threads.add(threading.get_ident())
-        _gated.gate = self
+        outer, _gated.gate = YieldToRequests.of_this_thread(), self
         if len(self._threads) == 1:
             gc.callbacks.append(self._on_collection)
         try:
             yield
         finally:
             self._threads.discard(threading.get_ident())
-            _gated.gate = None
+            _gated.gate = outer
             if not self._threads:
                 gc.callbacks.remove(self._on_collection)
 

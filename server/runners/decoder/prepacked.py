@@ -51,9 +51,8 @@ class PrepackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        if torch.compiler.is_compiling():
-            return torch.ops.tinyserve.prepacked_linear.default(x, self.packed, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        linear = torch.ops.tinyserve.prepacked_linear.default if torch.compiler.is_compiling() else prepacked_linear
+        return linear(x, self.packed, self.bias)
 
 
 class PrepackedInt8Linear(nn.Module):
