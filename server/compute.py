@@ -135,8 +135,9 @@ class ComputeThread:
                     self.busy.clear()
                     self.idle.set()
                     self._wake.wait()
-                self.idle.clear()
-                self.busy.set()
+                if not self.busy.is_set():  # on the change only: each Event call takes its lock, set() wakes waiters
+                    self.idle.clear()
+                    self.busy.set()
                 jobs = list(self._jobs)
                 self._jobs.clear()
                 stopping = self._stopping
