@@ -82,11 +82,14 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: str = "native") -> str:
     """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights'
-    form (native or int8), torch version."""
+    form (native or int8), torch version, and on the CPU what it computes natively (models/cpu.py): a cache
+    on a volume shared by machines of two CPU classes must not hand one the other's graphs (inductor's own
+    cache, shared by an AVX2-emulated and a native process, aborted the native one in a graph's first run)."""
     manifest = json.loads((folder / "manifest.json").read_text())["files"]
     files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
-    form = [] if weights == "native" else [weights]  # native keys stay those of earlier caches
-    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form], sort_keys=True)
+    form = [] if weights == "native" else [weights]
+    capability = [cpu.cpu_features().as_dict()] if device.type == "cpu" else []
+    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form, *capability], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

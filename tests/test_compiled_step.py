@@ -232,6 +232,12 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, 
     assert cache_key(a, torch.float32, cpu) == cache_key(a, torch.float32, cpu)
     assert cache_key(a, torch.float32, cpu) != cache_key(b, torch.float32, cpu)  # new weights: a new entry
     assert cache_key(a, torch.float32, cpu) != cache_key(a, torch.bfloat16, cpu)
+    keys = {}
+    for name, features in (("avx2", AVX2), ("avx512_bf16", AVX512_BF16)):  # another CPU class: another entry
+        with monkeypatch.context() as m:
+            emulate_cpu(m, features)
+            keys[name] = cache_key(a, torch.float32, cpu)
+    assert keys["avx2"] != keys["avx512_bf16"]
 
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
     try:
