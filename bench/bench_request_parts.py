@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,35 +42,16 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from model_store import STORE_ROOT  # noqa: E402
 from models.quantize import WeightOnlyInt8Linear  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
+from scripts.processes import free_port, http_server, wait_compiled, wait_healthy  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.events import Retired  # noqa: E402
 from server.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"  # 14 tokens, as the peers' benchmark
 MODEL = "gpt-wikitext2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, ready, proc: subprocess.Popen, timeout_s: float = 900) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            r = httpx.get(url, timeout=2)
-            if r.status_code == 200 and ready(r):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{url} not ready after {timeout_s:.0f} s")
 
 
 def step_bytes(model: torch.nn.Module) -> int:
@@ -153,12 +133,13 @@ def main() -> None:
 
     settings = Settings(models=[MODEL], dtype=args.dtype, weights=args.weights, compile_max_batch=1)
     local = InProcess(settings, args.new_tokens)
+    nbytes = step_bytes(local.served.model), gguf_step_bytes(gguf_path)
     runs = []
     for run in range(args.runs):
-        with servers(work, gguf_path, args) as (our_port, llama_port):
-            rounds = run_rounds(local, our_port, llama_port, args.rounds, args.new_tokens)
+        with servers(work, gguf_path, args) as (ours, llama):
+            rounds = run_rounds(local, ours, llama, args.rounds, args.new_tokens)
         print(f"--- run {run + 1} of {args.runs}")
-        runs.append(report(rounds, step_bytes(local.served.model), gguf_step_bytes(gguf_path), args))
+        runs.append(report(rounds, *nbytes, args))
     if args.runs > 1:
         ratios = [r["ratio"] for r in runs]
         each = ", ".join(f"{r:.3f}x" for r in ratios)
@@ -169,31 +150,27 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def servers(work: Path, gguf_path: Path, args) -> Iterator[tuple[int, int]]:
-    """Our server and llama-server, each in its own process, 2 threads; (our port, llama-server's) once ready."""
-    llama_port, our_port = free_port(), free_port()
+def servers(work: Path, gguf_path: Path, args) -> Iterator[tuple[str, str]]:
+    """Our server and llama-server, each in its own process, 2 threads; their base URLs once ready."""
+    port = free_port()
     llama = subprocess.Popen(
         [str(work / "llama.cpp-build/bin/llama-server"), "-m", str(gguf_path), "--host", "127.0.0.1", "--port",
-         str(llama_port), "-t", "2", "-tb", "2", "-np", "1", "-cb", "-c", "512"],
+         str(port), "-t", "2", "-tb", "2", "-np", "1", "-cb", "-c", "512"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    env = {**os.environ, "TINYSERVE_MODELS": json.dumps([MODEL]), "TINYSERVE_DTYPE": args.dtype,
-           "TINYSERVE_WEIGHTS": args.weights, "TINYSERVE_COMPILE_MAX_BATCH": "1"}  # fmt: skip
-    ours = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(our_port)], cwd=REPO, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    settings = {"models": json.dumps([MODEL]), "dtype": args.dtype, "weights": args.weights, "compile_max_batch": "1"}
     try:
-        wait_ready(f"http://127.0.0.1:{llama_port}/health", lambda r: True, llama)
-        wait_ready(f"http://127.0.0.1:{our_port}/health", lambda r: not r.json().get("compiling"), ours)
-        yield our_port, llama_port
+        with http_server(STORE_ROOT, **settings) as (ours, _):
+            llama_base = f"http://127.0.0.1:{port}"
+            wait_healthy(llama_base, llama, 300, lambda: "llama-server")
+            wait_compiled(ours)
+            yield ours, llama_base
     finally:
-        for proc in (llama, ours):
-            proc.terminate()
-            proc.wait(30)
+        llama.terminate()
+        llama.wait(30)
 
 
-def run_rounds(local: InProcess, our_port: int, llama_port: int, rounds: int, new_tokens: int) -> list[dict]:
+def run_rounds(local: InProcess, ours: str, llama: str, rounds: int, new_tokens: int) -> list[dict]:
     client = httpx.Client(timeout=120)
     our_body = {"inputs": PROMPT, "parameters": {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens,
                                                  "details": True}}  # fmt: skip
@@ -204,12 +181,12 @@ def run_rounds(local: InProcess, our_port: int, llama_port: int, rounds: int, ne
         row = {f"ours_{k}": v for k, v in local.request().items()}
         time.sleep(0.3)
         t = time.perf_counter()
-        r = client.post(f"http://127.0.0.1:{our_port}/generate", json=our_body).json()
+        r = client.post(f"{ours}/generate", json=our_body).json()
         row["ours_http_ms"] = 1e3 * (time.perf_counter() - t)
         assert r["details"]["generated_tokens"] == new_tokens, r
         time.sleep(0.3)
         t = time.perf_counter()
-        r = client.post(f"http://127.0.0.1:{llama_port}/completion", json=llama_body).json()
+        r = client.post(f"{llama}/completion", json=llama_body).json()
         row["llama_http_ms"] = 1e3 * (time.perf_counter() - t)
         timings = r["timings"]
         assert timings["predicted_n"] == new_tokens, timings
