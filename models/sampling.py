@@ -85,11 +85,13 @@ class SequenceState:
         """(V,) bool: the tokens the constraint allows next, or None where every token is allowed."""
         return None if self.matcher is None else allowed_tokens(self.matcher, vocab_size)
 
-    def eos_logit_bias(self) -> float:
-        """What the next token's EOS logit gets: the EOS bias, or -inf before min_new_tokens."""
-        if self.generated < self.params.min_new_tokens:
+    def eos_logit_bias(self, ahead: int = 0) -> float:
+        """What the EOS logit of the token after the next `ahead` ones gets (0: the next token): the EOS bias,
+        or -inf before min_new_tokens."""
+        generated = self.generated + ahead
+        if generated < self.params.min_new_tokens:
             return float("-inf")
-        return self.params.eos_bias_at(self.generated)
+        return self.params.eos_bias_at(generated)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(
         4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"
     )
+    steps_per_schedule: int = Field(
+        8,
+        ge=1,
+        description="decode steps run back to back between two schedules while every running request is greedy "
+        "and unconstrained and none waits (vLLM's multi-step scheduling: the engine's Python between steps is paid "
+        "once for them); an end of text, a new request or a cancellation ends them early; streams then get their "
+        "tokens up to this many at a time; 1: a schedule every step",
+    )
     compile_models: bool = Field(
         True,
         description="compile the GPT decode step and the fill-mask encoder per shape bucket, in the background "

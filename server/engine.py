@@ -3,7 +3,8 @@
 The compute thread (server/compute.py) drives the engine, one step per call, each in the order a
 reader expects (vLLM's schedule -> execute -> update):
 1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
-2. run: decode the running rows' last tokens (one step for all), prefill the admitted prompts;
+2. run: decode the running rows' last tokens (one step for all, or several back to back while every row
+   is greedy: `steps_per_schedule`), prefill the admitted prompts;
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
@@ -22,13 +23,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 
-from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob, sample
+from models.sampling import Draw, SamplingParams, reported_logprob, sample
 from server.compute import ComputeThread
 from server.config import default
+from server.engine_requests import EngineStats, GenerationRequest, RunningRow
 from server.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.output import RequestOutput
 from server.runners import CausalLMRunner
@@ -38,61 +39,6 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at capacity: the caller should answer 429 with Retry-After."""
 
 
-class GenerationRequest:
-    def __init__(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        sink: Callable[[EngineOutput], None],
-        timeout_s: float | None,
-        withdraw: Callable[[GenerationRequest], None] = lambda req: None,
-    ) -> None:
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.sink = sink
-        self.deadline = time.monotonic() + timeout_s if timeout_s else None
-        self.cancelled = threading.Event()
-        self.end_reason = "cancelled"  # why it was asked to end, as its Retired output says
-        self._withdraw = withdraw
-
-    def end(self, reason: str) -> None:
-        """Leave the waiting queue now, or stop at the next step: `reason` is what the output side found
-        (a stop sequence); the first reason given is kept."""
-        if not self.cancelled.is_set():
-            self.end_reason = reason
-        self.cancelled.set()
-        self._withdraw(self)
-
-    def cancel(self) -> None:
-        """End it because nobody wants its output any more (the client disconnected)."""
-        self.end("cancelled")
-
-
-class _Row:
-    """A request in the running batch."""
-
-    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
-        self.req = req
-        self.logits: torch.Tensor | None = logits  # (V,) raw logits of this step, for the batch sampler
-        self.draw: Draw | None = None  # or this step's token, chosen (greedy rows: by the decode step)
-        self.generated: list[int] = []  # the last one is not in the cache yet: the next run decodes it
-        self.length = len(req.prompt_ids)  # real tokens in the cache
-        self.max_new = max_new
-        generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
-        self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
-        self.finished = False  # its finish event is out: the next schedule retires it
-
-
-@dataclass
-class EngineStats:
-    queued: int = 0
-    running: int = 0
-    tokens_generated: int = 0
-    decode_steps: int = 0
-    prefill_passes: int = 0
-    finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
-
-
 class GenerationEngine:
     def __init__(
         self,
@@ -100,6 +46,7 @@ class GenerationEngine:
         max_batch_size: int | None = None,
         max_queue: int = default("max_queue"),
         max_prefill_tokens: int = default("max_prefill_tokens"),
+        steps_per_schedule: int = default("steps_per_schedule"),
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
@@ -115,11 +62,12 @@ class GenerationEngine:
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
+        self.steps_per_schedule = steps_per_schedule
         self.stats = EngineStats()
         self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._lock = threading.Lock()
-        self._rows: list[_Row] = []  # row i owns slot i of the decode step's cache
+        self._rows: list[RunningRow] = []  # row i owns slot i of the decode step's cache
         self._own_thread: ComputeThread | None = None
 
     # -- lifecycle (an engine used on its own: tests, benchmarks) -------------------------------
@@ -229,28 +177,75 @@ class GenerationEngine:
     # -- 2. run --------------------------------------------------------------------------------
 
     def _run(self, admitted: list[GenerationRequest]) -> None:
-        """Decode the running rows' last tokens in one step, then prefill the admitted prompts into the
-        slots after them (each new row leaves with the logits of its first token)."""
-        running = self._rows
-        if running:
-            greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
-            vocab = self.runner.facts.vocab_size
-            out = self.runner.decode(
-                [row.generated[-1] for row in running],
-                [row.length for row in running],
-                [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
-                [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
-            )
-            sampled = [i for i, g in enumerate(greedy) if not g]
-            copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
-            for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
-                row.length += 1
-                if g:
-                    row.draw = Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)
-            for j, i in enumerate(sampled):
-                running[i].logits = copies[j]
-            self.stats.decode_steps += 1
+        """Decode the running rows' last tokens, then prefill the admitted prompts into the slots after them
+        (each new row leaves with the logits of its first token)."""
+        if self._rows:
+            steps = self._steps_ahead(self._rows)
+            if steps > 1:
+                self._decode_greedy(self._rows, steps)
+            else:
+                self._decode(self._rows)
         self._admit(admitted)
+
+    def _decode(self, running: list[RunningRow]) -> None:
+        """One step for every running row: greedy rows get their token from the step, the others' logits
+        go to the batch sampler."""
+        greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
+        vocab = self.runner.facts.vocab_size
+        out = self.runner.decode(
+            [row.generated[-1] for row in running],
+            [row.length for row in running],
+            [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
+            [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
+        )
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
+        for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
+            row.length += 1
+            if g:
+                row.draws.append(Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None))
+        for j, i in enumerate(sampled):
+            running[i].logits = copies[j]
+        self.stats.decode_steps += 1
+
+    def _steps_ahead(self, running: list[RunningRow]) -> int:
+        """How many decode steps run before the next schedule: 1 unless no request waits and every row is
+        greedy without a constraint (its next token needs no Python) or stop sequences (the output side finds
+        those, a step behind); then up to `steps_per_schedule`, and no more than the row nearest its
+        max_new_tokens has left (vLLM's multi-step scheduling: the engine's Python between two steps is paid
+        once for all of them)."""
+        if self.steps_per_schedule == 1 or self._waiting:
+            return 1
+        if not all(r.req.params.greedy and r.sampling.matcher is None and not r.req.params.stop for r in running):
+            return 1
+        return min(self.steps_per_schedule, min(row.max_new - len(row.generated) for row in running))
+
+    def _decode_greedy(self, running: list[RunningRow], steps: int) -> None:
+        """Up to `steps` steps back to back, each row's greedy token fed to the next one. They stop after a
+        row's end of text (its slot may go to a waiting request), when a request arrives (its prefill should
+        not wait) or when a running one is cancelled."""
+        ends = [{self.eos_id, *row.req.params.stop_token_ids} for row in running]
+        tokens = [row.generated[-1] for row in running]
+        unconstrained = [None] * len(running)
+        for ahead in range(steps):
+            out = self.runner.decode(
+                tokens,
+                [row.length + ahead for row in running],
+                [row.sampling.eos_logit_bias(ahead) for row in running],
+                unconstrained,
+            )
+            self.stats.decode_steps += 1
+            for row, token, logprob in zip(running, out.greedy, out.logprobs, strict=True):
+                row.draws.append(Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None))
+            tokens = out.greedy
+            if (
+                self._waiting
+                or any(token in end for token, end in zip(tokens, ends, strict=True))
+                or any(row.req.cancelled.is_set() for row in running)
+            ):
+                break
+        for row in running:
+            row.length += len(row.draws)
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
         """Prefill the new prompts together, a few at a time, each into a free slot of the cache.
@@ -284,7 +279,7 @@ class GenerationEngine:
         self.stats.prefill_passes += 1
         for req, row_logits in zip(reqs, logits, strict=True):
             max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
-            self._rows.append(_Row(req, row_logits, max_new))
+            self._rows.append(RunningRow(req, row_logits, max_new))
 
     # -- 3. sample -----------------------------------------------------------------------------
 
@@ -294,21 +289,23 @@ class GenerationEngine:
         if pending:
             logits = torch.stack([row.logits for row in pending])
             for row, draw in zip(pending, sample(logits, [r.sampling for r in pending], self.eos_id), strict=True):
-                row.draw, row.logits = draw, None
+                row.draws.append(draw)
+                row.logits = None
 
     # -- 4. output -----------------------------------------------------------------------------
 
     def _output(self) -> None:
-        """Each row's token to its request; a row that ends here is retired."""
+        """Each row's tokens to its request, in order (its end is its last: _decode_greedy stops there); a row
+        that ends here is retired."""
         for row in self._rows:
-            draw, row.draw = row.draw, None
-            if draw is not None:
+            draws, row.draws = row.draws, []
+            for draw in draws:
                 self._advance(row, draw)
 
-    def _compact(self, kept: list[_Row]) -> None:
+    def _compact(self, kept: list[RunningRow]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
         slot = {id(row): i for i, row in enumerate(self._rows)}
-        placed: list[_Row | None] = [None] * len(kept)
+        placed: list[RunningRow | None] = [None] * len(kept)
         movers = []
         for row in kept:
             if slot[id(row)] < len(kept):
@@ -321,7 +318,7 @@ class GenerationEngine:
             placed[hole] = row
         self._rows = placed
 
-    def _wanted(self, row: _Row) -> bool:
+    def _wanted(self, row: RunningRow) -> bool:
         """False (and finished) when the request was cancelled or ran out of time."""
         if row.req.cancelled.is_set():
             self._finish(row, row.req.end_reason)
@@ -331,7 +328,7 @@ class GenerationEngine:
             return False
         return True
 
-    def _advance(self, row: _Row, draw: Draw) -> None:
+    def _advance(self, row: RunningRow, draw: Draw) -> None:
         """Send the row's next token, and retire the row when the token ends it."""
         self.stats.tokens_generated += 1
         eos = draw.token == self.eos_id or draw.token in row.req.params.stop_token_ids  # a chat's end of turn too
@@ -361,7 +358,7 @@ class GenerationEngine:
         self.stats.finished[reason] += 1
         self._emit(req, Retired(reason, 0, len(req.prompt_ids), message))
 
-    def _finish(self, row: _Row, reason: str, message: str = "") -> None:
+    def _finish(self, row: RunningRow, reason: str, message: str = "") -> None:
         row.finished = True
         self.stats.finished[reason] += 1
         self._emit(row.req, Retired(reason, len(row.generated), len(row.req.prompt_ids), message))

@@ -166,7 +166,9 @@ class ModelRegistry:
                 context_length=f.context_length,
                 card=card,
                 runner=runner,
-                engine=GenerationEngine(runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens),
+                engine=GenerationEngine(
+                    runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens, s.steps_per_schedule
+                ),
             )
         if kind == "mlm":
             from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed

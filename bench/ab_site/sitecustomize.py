@@ -7,6 +7,7 @@ TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
     AB_MODE=int8            TINYSERVE_WEIGHTS=int8 (int8 against the default dtype in the same rounds)
     AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/compiled.py)
     AB_MODE=one_bucket      only the one-row decode bucket and the prompts' pass built (TINYSERVE_COMPILE_MAX_BATCH=1)
+    AB_MODE=one_step        a schedule every decode step (TINYSERVE_STEPS_PER_SCHEDULE=1)
 """
 
 import os
@@ -21,6 +22,8 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
         os.environ["TINYSERVE_WEIGHTS"] = "int8"
     elif mode == "one_bucket":
         os.environ["TINYSERVE_COMPILE_MAX_BATCH"] = "1"
+    elif mode == "one_step":
+        os.environ["TINYSERVE_STEPS_PER_SCHEDULE"] = "1"
     elif mode == "whole_only":
         from server.runners.decoder.runner import GPTRunner
 
@@ -31,4 +34,4 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         GPTRunner.compile_passes = whole_only
     else:
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket)")
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket, one_step)")

@@ -94,6 +94,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         max_batch_size=settings.max_batch_size,
         max_queue=settings.max_queue,
         max_prefill_tokens=settings.max_prefill_tokens,
+        steps_per_schedule=settings.steps_per_schedule,
         max_new_tokens_cap=settings.max_new_tokens_cap,
         max_prompt_chars=settings.max_prompt_chars,
         max_prompt_tokens=settings.max_prompt_tokens,

@@ -1,0 +1,134 @@
+"""Several decode steps between two schedules (`steps_per_schedule`): the same tokens as a schedule every step,
+and back to one step a schedule wherever a row's next token needs the engine."""
+
+import ctypes
+import queue
+
+import pytest
+
+from models.sampling import SamplingParams
+from models.tokenizer import eos_id
+from server.engine import GenerationEngine
+from server.events import Retired
+from server.runners.decoder.runner import GPTRunner
+from tests.conftest import tiny_gpt
+
+FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}
+
+
+@pytest.fixture
+def model(tiny_tokenizer):
+    return tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size(), eos_token_id=eos_id(tiny_tokenizer), context_length=64)
+
+
+def engine(model, tokenizer, steps: int, rows: int = 4) -> GenerationEngine:
+    return GenerationEngine(GPTRunner(model, tokenizer, rows), max_batch_size=rows, steps_per_schedule=steps)
+
+
+def run(eng: GenerationEngine, prompts: list[list[int]], params: SamplingParams) -> list[tuple]:
+    """Every prompt submitted before the engine runs (admitted together), each one's tokens, logprobs and end."""
+    outs = []
+    for ids in prompts:
+        q: queue.Queue = queue.Queue()
+        eng.submit(ids, params, q.put)
+        outs.append(q)
+    eng.start()
+    results = []
+    for q in outs:
+        events = []
+        while not isinstance(event := q.get(timeout=30), Retired):
+            events.append(event)
+        results.append(([e.id for e in events], [e.logprob for e in events], event.reason))
+    eng.stop()
+    return results
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=21, **FREE),
+        SamplingParams(max_new_tokens=20, min_new_tokens=7, temperature=0, eos_bias=1e4),  # EOS from the 8th token
+        SamplingParams(max_new_tokens=20, temperature=0, eos_bias=-3.0, eos_bias_decay=0.5, eos_bias_start=2),
+    ],
+)
+def test_steps_back_to_back_give_the_tokens_of_a_schedule_every_step(model, tiny_tokenizer, params):
+    prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "River", "A short one")]
+    one = engine(model, tiny_tokenizer, 1)
+    expected = run(one, prompts, params)
+    eight = engine(model, tiny_tokenizer, 8)
+    assert run(eight, prompts, params) == expected
+    assert eight.stats.decode_steps == one.stats.decode_steps  # none run past a row's end
+
+
+def test_a_row_that_ends_ends_the_steps(model, tiny_tokenizer):
+    ids = tiny_tokenizer.encode("The castle was built in").ids
+    free = run(engine(model, tiny_tokenizer, 1), [ids], SamplingParams(max_new_tokens=20, **FREE))[0][0]
+    stop = free[4]
+    first = free.index(stop)
+    params = SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=[stop])
+    eight = engine(model, tiny_tokenizer, 8)
+    tokens, _, reason = run(eight, [ids], params)[0]
+    assert (tokens, reason) == (free[: first + 1], "eos_token")
+    assert eight.stats.decode_steps == first  # the step that drew it was the last
+
+
+@pytest.mark.parametrize("event", ["arrives", "cancelled"])
+def test_the_steps_stop_for_a_request_that_arrives_or_one_cancelled(model, tiny_tokenizer, event):
+    """Not started: each run_once is one schedule, called here."""
+    ids = tiny_tokenizer.encode("The castle was built in").ids
+    eng = engine(model, tiny_tokenizer, 8)
+    first = eng.submit(ids, SamplingParams(max_new_tokens=30, **FREE), lambda e: None)
+    eng.run_once()  # its prefill
+    decode = eng.runner.decode
+
+    def decode_once_then(*args):
+        eng.runner.decode = decode
+        if event == "arrives":
+            eng.submit(ids, SamplingParams(max_new_tokens=5, **FREE), lambda e: None)
+        else:
+            first.cancel()
+        return decode(*args)
+
+    eng.runner.decode = decode_once_then
+    eng.run_once()
+    assert eng.stats.decode_steps == 1
+    eng.run_once()  # the newcomer admitted, the cancelled row retired
+    assert eng.stats.running == (2 if event == "arrives" else 0)
+
+
+class AnyToken:
+    """What the engine reads of an llguidance matcher, allowing every token."""
+
+    def deep_copy(self):
+        return self
+
+    def unsafe_compute_mask_ptr(self, address, size):
+        ctypes.memset(address, 0xFF, size)
+
+    def consume_token(self, token):
+        return True
+
+    def is_stopped(self):
+        return False
+
+    def is_error(self):
+        return False
+
+
+def test_one_step_a_schedule_where_the_engine_chooses_the_token(model, tiny_tokenizer):
+    """Sampled rows, constrained rows and rows with stop sequences need the engine between two steps; greedy
+    rows run up to steps_per_schedule steps, no more than their max_new_tokens leave."""
+    ids = tiny_tokenizer.encode("The castle was built in").ids
+    cases = [
+        (SamplingParams(max_new_tokens=30, **FREE), 8),
+        (SamplingParams(max_new_tokens=4, **FREE), 3),  # the prefill drew the first of its 4
+        (SamplingParams(max_new_tokens=30, temperature=1.0, seed=0, eos_bias=float("-inf")), 1),
+        (SamplingParams(max_new_tokens=30, stop=["zzz"], **FREE), 1),
+        (SamplingParams(max_new_tokens=30, constraint=AnyToken(), **FREE), 1),
+    ]
+    for params, steps in cases:
+        eng = engine(model, tiny_tokenizer, 8)
+        eng.submit(ids, params, lambda e: None)
+        eng.run_once()
+        eng.run_once()
+        assert eng.stats.decode_steps == steps, params
