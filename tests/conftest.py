@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny corpus, a tokenizer trained on it, and tiny GPTs built on the fly."""
 
 import os
+import queue
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ from model_store.store import write_checkpoint, write_manifest
 from models import cpu
 from models.esperberto import build_model, make_config, save_model
 from models.gpt import GPT, GPTConfig
+from models.sampling import SamplingParams
 from models.tokenizer import eos_id
+from server.events import Retired
 from training.data import read_split, split_documents
 from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.tokenizer import train_bpe
@@ -96,3 +99,22 @@ def error_of(response) -> dict:
         return {"error": err["message"], "error_type": err["code"], "field": err["param"]}
     assert isinstance(body["error"], str), body
     return body
+
+
+def run_together(engine, prompts: list[list[int]], params: SamplingParams) -> list[tuple[list[int], list, str]]:
+    """Every prompt submitted to a GenerationEngine not started yet (all admitted in its first step), then run;
+    each one's token ids, logprobs and finish reason. The engine is stopped after."""
+    outs = []
+    for ids in prompts:
+        q: queue.Queue = queue.Queue()
+        engine.submit(ids, params, q.put)
+        outs.append(q)
+    engine.start()
+    results = []
+    for q in outs:
+        events = []
+        while not isinstance(event := q.get(timeout=30), Retired):
+            events.append(event)
+        results.append(([e.id for e in events], [e.logprob for e in events], event.reason))
+    engine.stop()
+    return results

@@ -1,4 +1,3 @@
-import queue
 import statistics
 import threading
 
@@ -10,7 +9,7 @@ from server.detokenizer import Detokenizer
 from server.engine import GenerationEngine, QueueFullError
 from server.events import FinishEvent, Retired
 from server.runners.decoder.runner import GPTRunner
-from tests.conftest import tiny_gpt
+from tests.conftest import run_together, tiny_gpt
 
 
 @pytest.fixture
@@ -251,19 +250,7 @@ def test_waiting_prompts_are_prefilled_together_with_the_same_result(tiny_tokeni
     assert len({len(i) for i in ids}) == 4  # four prompt lengths: the batched passes need padding
     for budget, passes in [(4096, 1), (1, 4)]:  # one pass for all; a pass per prompt
         eng = GenerationEngine(GPTRunner(model, tiny_tokenizer, 8), max_batch_size=8, max_prefill_tokens=budget)
-        results: list[queue.Queue] = []
-        for i in ids:  # queued before the worker starts: all four are admitted in the same step
-            q: queue.Queue = queue.Queue()
-            eng.submit(i, greedy, q.put)
-            results.append(q)
-        eng.start()
-        got = []
-        for q in results:
-            events = []
-            while not isinstance(event := q.get(timeout=30), Retired):
-                events.append(event.id)
-            got.append(events)
-        eng.stop()
+        got = [tokens for tokens, _, _ in run_together(eng, ids, greedy)]  # all four admitted in the same step
         assert got == expected
         assert eng.stats.prefill_passes == passes, budget
 

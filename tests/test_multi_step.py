@@ -2,16 +2,14 @@
 and back to one step a schedule wherever a row's next token needs the engine."""
 
 import ctypes
-import queue
 
 import pytest
 
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine import GenerationEngine
-from server.events import Retired
 from server.runners.decoder.runner import GPTRunner
-from tests.conftest import tiny_gpt
+from tests.conftest import run_together, tiny_gpt
 
 FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}
 
@@ -25,24 +23,6 @@ def engine(model, tokenizer, steps: int, rows: int = 4) -> GenerationEngine:
     return GenerationEngine(GPTRunner(model, tokenizer, rows), max_batch_size=rows, steps_per_schedule=steps)
 
 
-def run(eng: GenerationEngine, prompts: list[list[int]], params: SamplingParams) -> list[tuple]:
-    """Every prompt submitted before the engine runs (admitted together), each one's tokens, logprobs and end."""
-    outs = []
-    for ids in prompts:
-        q: queue.Queue = queue.Queue()
-        eng.submit(ids, params, q.put)
-        outs.append(q)
-    eng.start()
-    results = []
-    for q in outs:
-        events = []
-        while not isinstance(event := q.get(timeout=30), Retired):
-            events.append(event)
-        results.append(([e.id for e in events], [e.logprob for e in events], event.reason))
-    eng.stop()
-    return results
-
-
 @pytest.mark.parametrize(
     "params",
     [
@@ -54,20 +34,20 @@ def run(eng: GenerationEngine, prompts: list[list[int]], params: SamplingParams)
 def test_steps_back_to_back_give_the_tokens_of_a_schedule_every_step(model, tiny_tokenizer, params):
     prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "River", "A short one")]
     one = engine(model, tiny_tokenizer, 1)
-    expected = run(one, prompts, params)
+    expected = run_together(one, prompts, params)
     eight = engine(model, tiny_tokenizer, 8)
-    assert run(eight, prompts, params) == expected
+    assert run_together(eight, prompts, params) == expected
     assert eight.stats.decode_steps == one.stats.decode_steps  # none run past a row's end
 
 
 def test_a_row_that_ends_ends_the_steps(model, tiny_tokenizer):
     ids = tiny_tokenizer.encode("The castle was built in").ids
-    free = run(engine(model, tiny_tokenizer, 1), [ids], SamplingParams(max_new_tokens=20, **FREE))[0][0]
+    free = run_together(engine(model, tiny_tokenizer, 1), [ids], SamplingParams(max_new_tokens=20, **FREE))[0][0]
     stop = free[4]
     first = free.index(stop)
     params = SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=[stop])
     eight = engine(model, tiny_tokenizer, 8)
-    tokens, _, reason = run(eight, [ids], params)[0]
+    tokens, _, reason = run_together(eight, [ids], params)[0]
     assert (tokens, reason) == (free[: first + 1], "eos_token")
     assert eight.stats.decode_steps == first  # the step that drew it was the last
 
