@@ -1,5 +1,6 @@
-"""Which compiled GEMM a CPU step should use: the prepacked layers freezing makes (MKL's for float32)
-against inductor's C++ GEMM template, and int8 weights, on a chain of gpt-wikitext2's 17 linear layers.
+"""Which compiled GEMM a CPU step should use: the prepacked layers freezing makes (MKL's for float32 of fixed rows,
+oneDNN's for dynamic rows) against inductor's C++ GEMM template, and int8 weights, on a chain of gpt-wikitext2's 17
+linear layers.
 
     .venv/bin/python bench/bench_cpu_gemm.py [--rows 1,8,32] [--rounds 5]
 
@@ -26,10 +27,12 @@ from models.cpu import cpu_features  # noqa: E402
 from models.quantize import quantize_int8  # noqa: E402
 
 TEMPLATE = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
-VARIANTS = {  # name -> (int8 weights, inductor config)
-    "float32, prepacked (freezing)": (False, {"freezing": True}),
-    "float32, C++ GEMM template": (False, TEMPLATE),
-    "int8, C++ GEMM template": (True, TEMPLATE),
+VARIANTS = {  # name -> (int8 weights, inductor config, rows compiled dynamic)
+    "float32, prepacked (freezing)": (False, {"freezing": True}, False),
+    # freezing packs float32 layers of dynamic rows for oneDNN, not MKL (inductor's mkldnn_fusion)
+    "float32, prepacked, dynamic rows": (False, {"freezing": True}, True),
+    "float32, C++ GEMM template": (False, TEMPLATE, False),
+    "int8, C++ GEMM template": (True, TEMPLATE, False),
 }
 
 
@@ -65,11 +68,11 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         x = torch.randn(rows, 384)
         compiled = {}
-        for name, (int8, config) in VARIANTS.items():
+        for name, (int8, config, dynamic) in VARIANTS.items():
             chain = Chain().eval()
             chain = quantize_int8(chain) if int8 else chain
             with torch._inductor.config.patch(config), torch.inference_mode():
-                compiled[name] = torch.compile(chain, fullgraph=True, dynamic=False)
+                compiled[name] = torch.compile(chain, fullgraph=True, dynamic=dynamic)
                 compiled[name](x)
         times: dict[str, list[float]] = {name: [] for name in compiled}
         with torch.inference_mode():
