@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from models.sampling import Draw, SamplingParams, reported_logprob, sample
+from models.sampling import Draw, SamplingParams, sample
 from server.compute import ComputeThread
 from server.config import default
-from server.engine_requests import EngineStats, GenerationRequest, RunningRow
+from server.engine_requests import EngineStats, GenerationRequest, RunningRow, greedy_draw
 from server.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.output import RequestOutput
 from server.runners import CausalLMRunner
@@ -203,7 +203,7 @@ class GenerationEngine:
         for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
             row.length += 1
             if g:
-                row.draws.append(Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None))
+                row.draws.append(greedy_draw(row, token, logprob))
         for j, i in enumerate(sampled):
             running[i].logits = copies[j]
         self.stats.decode_steps += 1
@@ -236,7 +236,7 @@ class GenerationEngine:
             )
             self.stats.decode_steps += 1
             for row, token, logprob in zip(running, out.greedy, out.logprobs, strict=True):
-                row.draws.append(Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None))
+                row.draws.append(greedy_draw(row, token, logprob))
             tokens = out.greedy
             if (
                 self._waiting

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.sampling import Draw, SamplingParams, SequenceState
+from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob
 from server.events import EngineOutput
 
 
@@ -68,3 +68,8 @@ class EngineStats:
     decode_steps: int = 0
     prefill_passes: int = 0
     finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
+
+
+def greedy_draw(row: RunningRow, token: int, logprob: float) -> Draw:
+    """A greedy row's token as the decode step chose it, with its logprob where the request asked for one."""
+    return Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)
