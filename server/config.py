@@ -63,6 +63,14 @@ class Settings(BaseSettings):
         "once for them); an end of text, a new request or a cancellation ends them early; streams then get their "
         "tokens up to this many at a time; 1: a schedule every step",
     )
+    draft_tokens: int = Field(
+        3,
+        ge=0,
+        description="speculative decoding of a lone greedy request: up to this many draft tokens, what followed the "
+        "last occurrence of its last few tokens (prompt lookup, vLLM's ngram method), checked by the model in one "
+        "pass with its pending token (the decoder's compiled draft check on the CPU: at most 3); each one the model "
+        "agrees with is a decode step saved; runs within a multi-step run (steps_per_schedule > 1); 0: none",
+    )
     compile_models: bool = Field(
         True,
         description="compile the GPT decode step and the fill-mask encoder per shape bucket, in the background "

@@ -4,7 +4,8 @@ The compute thread (server/compute.py) drives the engine, one step per call, eac
 reader expects (vLLM's schedule -> execute -> update):
 1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
 2. run: decode the running rows' last tokens (one step for all, or several back to back while every row
-   is greedy: `steps_per_schedule`), prefill the admitted prompts;
+   is greedy: `steps_per_schedule`; a lone row's drafts checked in one pass: `draft_tokens`), prefill the
+   admitted prompts;
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
@@ -33,6 +34,7 @@ from server.engine_requests import EngineStats, GenerationRequest, RunningRow, g
 from server.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.output import RequestOutput
 from server.runners import CausalLMRunner
+from server.speculation import speculate
 
 
 class QueueFullError(RuntimeError):
@@ -47,6 +49,7 @@ class GenerationEngine:
         max_queue: int = default("max_queue"),
         max_prefill_tokens: int = default("max_prefill_tokens"),
         steps_per_schedule: int = default("steps_per_schedule"),
+        draft_tokens: int = default("draft_tokens"),
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
@@ -63,6 +66,7 @@ class GenerationEngine:
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
         self.steps_per_schedule = steps_per_schedule
+        self.draft_tokens = draft_tokens if runner.facts.verify_tokens else 0  # 0: no speculation
         self.stats = EngineStats()
         self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -209,11 +213,9 @@ class GenerationEngine:
         self.stats.decode_steps += 1
 
     def _steps_ahead(self, running: list[RunningRow]) -> int:
-        """How many decode steps run before the next schedule: 1 unless no request waits and every row is
-        greedy without a constraint (its next token needs no Python) or stop sequences (the output side finds
-        those, a step behind); then up to `steps_per_schedule`, and no more than the row nearest its
-        max_new_tokens has left (vLLM's multi-step scheduling: the engine's Python between two steps is paid
-        once for all of them)."""
+        """Tokens a row makes before the next schedule: 1 unless no request waits and every row is greedy without a
+        constraint (its next token needs no Python) or stop sequences (found on the output side, a step behind); then
+        up to `steps_per_schedule`, no more than a row has left (vLLM's multi-step scheduling)."""
         if self.steps_per_schedule == 1 or self._waiting:
             return 1
         if not all(r.req.params.greedy and r.sampling.matcher is None and not r.req.params.stop for r in running):
@@ -221,31 +223,45 @@ class GenerationEngine:
         return min(self.steps_per_schedule, min(row.max_new - len(row.generated) for row in running))
 
     def _decode_greedy(self, running: list[RunningRow], steps: int) -> None:
-        """Up to `steps` steps back to back, each row's greedy token fed to the next one. They stop after a
-        row's end of text (its slot may go to a waiting request), when a request arrives (its prefill should
-        not wait) or when a running one is cancelled."""
+        """Up to `steps` tokens a row back to back, each step's greedy tokens fed to the next (a lone row's drafts
+        checked in one pass where it has some: server/speculation.py); they stop after a row's end of text, when a
+        request arrives (its prefill should not wait) or when a running one is cancelled."""
         ends = [{self.eos_id, *row.req.params.stop_token_ids} for row in running]
         tokens = [row.generated[-1] for row in running]
         unconstrained = [None] * len(running)
-        for ahead in range(steps):
-            out = self.runner.decode(
-                tokens,
-                [row.length + ahead for row in running],
-                [row.sampling.eos_logit_bias(ahead) for row in running],
-                unconstrained,
-            )
+        ahead = 0
+        while ahead < steps:
+            made = self._verified(running, ahead, steps - ahead)
+            if made is None:
+                out = self.runner.decode(
+                    tokens,
+                    [row.length + ahead for row in running],
+                    [row.sampling.eos_logit_bias(ahead) for row in running],
+                    unconstrained,
+                )
+                made = [[(token, logprob)] for token, logprob in zip(out.greedy, out.logprobs, strict=True)]
             self.stats.decode_steps += 1
-            for row, token, logprob in zip(running, out.greedy, out.logprobs, strict=True):
-                row.draws.append(greedy_draw(row, token, logprob))
-            tokens = out.greedy
-            if (
-                self._waiting
-                or any(token in end for token, end in zip(tokens, ends, strict=True))
-                or any(row.req.cancelled.is_set() for row in running)
-            ):
+            ended = [row.take(new, end) for row, end, new in zip(running, ends, made, strict=True)]
+            ahead += len(made[0])
+            tokens = [new[-1][0] for new in made]
+            if any(ended) or self._waiting or any(row.req.cancelled.is_set() for row in running):
                 break
         for row in running:
             row.length += len(row.draws)
+
+    def _verified(self, running: list[RunningRow], ahead: int, budget: int) -> list[list[tuple[int, float]]] | None:
+        """A lone row's next tokens from one draft check (server/speculation.py), at most `budget`; None: decode."""
+        if len(running) != 1 or not self.draft_tokens or budget < 2:
+            return None
+        row = running[0]
+        bias = row.sampling.eos_logit_bias
+        made = speculate(self.runner, row.lookup(), row.length + ahead, lambda i: bias(ahead + i), budget - 1)
+        if made is None:
+            return None
+        tokens, logprobs, drafted = made
+        self.stats.draft_tokens += drafted
+        self.stats.draft_tokens_agreed += len(tokens) - 1
+        return [list(zip(tokens, logprobs, strict=True))]
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
         """Prefill the new prompts together, a few at a time, each into a free slot of the cache.

@@ -13,6 +13,7 @@ import torch
 
 from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob
 from server.events import EngineOutput
+from server.speculation import PromptLookup
 
 
 class GenerationRequest:
@@ -58,6 +59,25 @@ class RunningRow:
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
         self.finished = False  # its finish event is out: the next schedule retires it
+        self._lookup = PromptLookup()  # its tokens' n-grams, where it drafts (built at its first draft)
+
+    def take(self, made: list[tuple[int, float]], ends: set[int]) -> bool:
+        """A greedy pass's (token, logprob) pairs as draws, up to an end token (the pass's tokens after it are
+        dropped); whether one came."""
+        for token, logprob in made:
+            self.draws.append(greedy_draw(self, token, logprob))
+            if token in ends:
+                return True
+        return False
+
+    def lookup(self) -> PromptLookup:
+        """The index of the row's tokens (prompt, generated, this run's draws), brought up to date."""
+        prompt = self.req.prompt_ids
+        if len(self._lookup) < len(prompt):
+            self._lookup.extend(prompt[len(self._lookup) :])
+        made = len(self._lookup) - len(prompt)
+        self._lookup.extend(self.generated[made:] + [d.token for d in self.draws][max(made - len(self.generated), 0) :])
+        return self._lookup
 
 
 @dataclass
@@ -67,6 +87,8 @@ class EngineStats:
     tokens_generated: int = 0
     decode_steps: int = 0
     prefill_passes: int = 0
+    draft_tokens: int = 0  # proposed to a draft check (server/speculation.py)
+    draft_tokens_agreed: int = 0  # of those, the model's own greedy tokens
     finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
 
 

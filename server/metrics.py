@@ -23,6 +23,10 @@ class EngineCollector(Collector):
         tokens = CounterMetricFamily("tinyserve_tokens_generated", "tokens generated", labels=["model"])
         steps = CounterMetricFamily("tinyserve_decode_steps", "batched decode steps", labels=["model"])
         prefills = CounterMetricFamily("tinyserve_prefill_passes", "batched prompt prefills", labels=["model"])
+        drafted = CounterMetricFamily("tinyserve_draft_tokens", "draft tokens checked (speculation)", labels=["model"])
+        agreed = CounterMetricFamily(
+            "tinyserve_draft_tokens_agreed", "draft tokens the model agreed with", labels=["model"]
+        )
         finished = CounterMetricFamily("tinyserve_generations", "finished generations", labels=["model", "reason"])
         for m in self.models().values():
             if m.engine is not None:
@@ -31,9 +35,11 @@ class EngineCollector(Collector):
                 tokens.add_metric([m.id], m.engine.stats.tokens_generated)
                 steps.add_metric([m.id], m.engine.stats.decode_steps)
                 prefills.add_metric([m.id], m.engine.stats.prefill_passes)
+                drafted.add_metric([m.id], m.engine.stats.draft_tokens)
+                agreed.add_metric([m.id], m.engine.stats.draft_tokens_agreed)
                 for reason, n in m.engine.stats.finished.items():
                     finished.add_metric([m.id, reason], n)
-        yield from (queue, batch, tokens, steps, prefills, finished)
+        yield from (queue, batch, tokens, steps, prefills, drafted, agreed, finished)
 
 
 class Metrics:

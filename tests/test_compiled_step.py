@@ -375,7 +375,8 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         assert set(gpt.runner.step.compiled) == {1} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
         built = client.get("/info").json()["compile_seconds"]  # each build's time, as the log says it
-        cpu = ["PromptPass", "DecodeStep_1"] if gpt.runner.device.type == "cpu" else []  # then the frozen one
+        # then the frozen one, and the draft check
+        cpu = ["PromptPass", "DecodeStep_1", "VerifyPass_1x4"] if gpt.runner.device.type == "cpu" else []
         assert list(built["tiny-gpt"]) == ["DecodeStep_1_regional", *cpu] and min(built["tiny-gpt"].values()) > 0
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})

@@ -24,7 +24,7 @@ SERVER_LAYERS = [
     {"graph_call"},
     {"config", "errors", "events", "metrics", "placement", "model_card", "compute", "compiled", "detokenizer"},
     {"runners", "encoder_step", "output", "schemas", "middleware"},
-    {"engine", "engine_requests"},
+    {"engine", "engine_requests", "speculation"},
     {"registry"},
     {"service", "inspection", "interp", "chat", "constraints", "dependencies"},
     {"routers"},

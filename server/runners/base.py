@@ -54,6 +54,7 @@ class RunnerFacts:
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
     kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
     slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
+    verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
 
 
 def context_within(per_position: int, rows: int, context: int, budget_bytes: int | None, spare: int = 0) -> int:
@@ -120,6 +121,12 @@ class CausalLMRunner(Protocol):
         """One step for the sequences in slots 0..n-1: token i is at position i; eos_bias[i] is added to
         row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
         (a constraint's mask; None: any token)."""
+        ...
+
+    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
+        """The draft check of the sequence in slot 0 (where facts.verify_tokens > 0): its pending token and drafts,
+        facts.verify_tokens of them from `position`, in one pass; the greedy token after each (eos_bias[i] added to
+        the end-of-text logit after token i) and its logprob. None where no fast pass is ready: decode instead."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -193,6 +193,9 @@ class HFCausalLMRunner:
         greedy, logprobs = greedy_choice(logits, bias, self.facts.eos_id, mask)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
+    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> None:
+        return None  # no draft check (facts.verify_tokens is 0): transformers' eager forward gains nothing from one
+
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 

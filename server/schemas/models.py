@@ -48,6 +48,7 @@ class Info(BaseModel):
     max_queue: int
     max_prefill_tokens: int
     steps_per_schedule: int
+    draft_tokens: int
     max_new_tokens_cap: int
     max_prompt_chars: int
     max_prompt_tokens: int

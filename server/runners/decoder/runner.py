@@ -16,6 +16,7 @@ from server.config import default
 from server.runners.base import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
 from server.runners.decoder.prompt_pass import PromptPass
 from server.runners.decoder.step import DecodeStep
+from server.runners.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
 
 
 class TokenizersCodec:
@@ -63,8 +64,12 @@ class GPTRunner:
         self.device = next(model.parameters()).device
         self.step = DecodeStep(model, max_rows)
         self.prompts = PromptPass(self.step)
+        self.verifier = VerifyPass(self.step)
         self.facts = replace(
-            self.facts, kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()), slots=max_rows
+            self.facts,
+            kv_cache_bytes=sum(t.nbytes for t in self.step.cache.tensors()),
+            slots=max_rows,
+            verify_tokens=VERIFY_TOKENS if self.verifier.buckets() else 0,
         )
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
@@ -85,6 +90,9 @@ class GPTRunner:
     ) -> StepOutput:
         return self.step(tokens, positions, eos_bias, allowed)
 
+    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
+        return self.verifier(tokens, position, eos_bias)
+
     def move(self, src: int, dst: int, length: int) -> None:
         self.step.move(src, dst, length)
 
@@ -98,8 +106,10 @@ class GPTRunner:
     def compile_passes(self, max_rows: int) -> list[Pass]:
         """The decode step's regional graphs, quick to build, its smallest bucket first, then the prompts' pass
         (every request runs one), then the other buckets; then whole frozen graphs of the buckets where they are
-        faster (the CPU's: server/compiled.py)."""
+        faster (the CPU's: server/compiled.py), then the draft check (a lone request's speed-up, last)."""
         rows = self.step.compile_order(max_rows)
         regional = [Pass(self.step, r, regional=True) for r in rows]
         prompts = [Pass(self.prompts, bucket) for bucket in self.prompts.buckets()]
-        return regional[:1] + prompts + regional[1:] + [Pass(self.step, r) for r in rows if self.step.freezes(r)]
+        frozen = [Pass(self.step, r) for r in rows if self.step.freezes(r)]
+        drafts = [Pass(self.verifier, bucket) for bucket in self.verifier.buckets()]
+        return regional[:1] + prompts + regional[1:] + frozen + drafts
