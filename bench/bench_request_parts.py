@@ -5,8 +5,9 @@
 
 One-stream throughput over HTTP is a decode step per token plus what surrounds the steps. Each round runs
 one greedy 64-token request of the 14-token benchmark prompt on three sides, 0.3 s apart:
-- ours in this process: the engine behind the model's runner, its prefill and every decode step timed
-  (the gap is the engine's own Python between two steps), no HTTP;
+- ours in this process: the engine behind the model's runner, its prefill, every decode step and every draft
+  check (`draft_tokens`: server/speculation.py) timed (the gap is the engine's own Python between two passes),
+  no HTTP;
 - ours over HTTP: `python -m server` in its own process, the same settings, `POST /generate` as
   ../shared/peers/bench_peers.py sends it (details on, EOS masked);
 - llama-server over HTTP on the exact GGUF twin that ../shared/peers/setup.sh made (`--gguf` picks its
@@ -18,7 +19,7 @@ Medians over the rounds; the VM's speed drifts (a shared VM flipped between a fa
 seconds), so only same-round figures compare, and one run of 40 rounds may not average the phases out: `--runs`
 repeats the run, with new server processes each time (the in-process engine stays). PEERS_WORK is the peers'
 work folder (default ~/.cache/tinyserve-peers; for an AVX2-emulated run, a copy whose llama.cpp was built
-without AVX-512, as docs/BENCHMARKS.md says).
+without AVX-512, as docs/BENCHMARKS.md says). TINYSERVE_DRAFT_TOKENS=0 in front: both of ours without drafts.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class InProcess:
         self.served = self.registry.get(MODEL)
         runner = self.served.runner
         self.stamps: list[tuple[str, float, float]] = []  # (part, start, end)
-        for part in ("prefill", "decode"):
+        for part in ("prefill", "decode", "verify"):
             setattr(runner, part, self.timed(part, getattr(runner, part)))
         self.params = SamplingParams(max_new_tokens=new_tokens, temperature=0, eos_bias=float("-inf"), logprobs=True)
         self.ids = self.served.tokenizer.encode(PROMPT)
@@ -103,14 +104,19 @@ class InProcess:
         self.done.get()
         total = time.perf_counter() - t
         steps = [(a, b) for part, a, b in self.stamps if part == "decode"]
+        checks = [(a, b) for part, a, b in self.stamps if part == "verify"]
+        passes = sorted(steps + checks)
         prefill = next(b - a for part, a, b in self.stamps if part == "prefill")
-        gaps = [b[0] - a[1] for a, b in zip(steps[:-1], steps[1:], strict=True)]
+        gaps = [b[0] - a[1] for a, b in zip(passes[:-1], passes[1:], strict=True)]
         return {
             "total_ms": 1e3 * total,
             "prefill_ms": 1e3 * prefill,
             "before_prefill_ms": 1e3 * (self.stamps[0][1] - t),
-            "step_ms": 1e3 * statistics.median(b - a for a, b in steps),
+            "step_ms": 1e3 * statistics.median(b - a for a, b in steps) if steps else float("nan"),
             "steps_ms": 1e3 * sum(b - a for a, b in steps),
+            "checks": len(checks),
+            "checks_ms": 1e3 * sum(b - a for a, b in checks),
+            "passes": len(passes),
             "gaps_ms": 1e3 * sum(gaps),
             "gap_ms": 1e3 * statistics.median(gaps),
         }
@@ -206,8 +212,10 @@ def report(rounds: list[dict], ours_bytes: int, llama_bytes: int, args) -> dict:
     print(f"{args.dtype}/{args.weights} against llama-server {args.gguf}, {len(rounds)} rounds, medians, ms")
     print(
         f"ours in process: total {med['ours_total_ms']:.1f} = before the prefill {med['ours_before_prefill_ms']:.2f}"
-        f" + prefill {med['ours_prefill_ms']:.2f} + {n - 1} steps {med['ours_steps_ms']:.1f} (one"
-        f" {med['ours_step_ms']:.3f}) + gaps {med['ours_gaps_ms']:.2f} (one {med['ours_gap_ms']:.3f})"
+        f" + prefill {med['ours_prefill_ms']:.2f} + {med['ours_passes'] - med['ours_checks']:.0f} steps"
+        f" {med['ours_steps_ms']:.1f} (one {med['ours_step_ms']:.3f}) + {med['ours_checks']:.0f} draft checks"
+        f" {med['ours_checks_ms']:.1f} + gaps {med['ours_gaps_ms']:.2f} (one {med['ours_gap_ms']:.3f});"
+        f" {n - 1} tokens after the prefill's"
     )
     print(f"ours over HTTP: {med['ours_http_ms']:.1f} ({n / med['ours_http_ms'] * 1e3:.0f} tok/s)")
     print(
