@@ -3,8 +3,10 @@ KV cache, with the greedy choice after each (speculative decoding's verification
 
 A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
-GEMM template's (server/compiled.py, TEMPLATE_GEMM_MAX_ROWS). One graph, the key columns dynamic as the decode
-step's, built on the CPU after the decode buckets; until it is built (and on CUDA, where it is not) the runner
+GEMM template's (server/compiled.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
+product's batched matmul of several queries has no template choice (torch 2.13 raised NoValidChoicesError, and
+the build fell back to MKL's products, the slowest on AVX2). One graph, the key columns dynamic as the decode step's, built on the CPU after the
+decode buckets; until it is built (and on CUDA, where it is not) the runner
 has no draft check and the engine decodes step by step.
 """
 
@@ -46,6 +48,7 @@ class VerifyPass:
     BUCKET = (1, VERIFY_TOKENS)  # (rows, tokens): a key of its own among the compiler's buckets
 
     def __init__(self, step: DecodeStep) -> None:
+        self.step = step
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.cache = step.cache
@@ -73,7 +76,7 @@ class VerifyPass:
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
         generator = torch.Generator(device=self.device).manual_seed(0)
-        columns = -(-(self.context // 2 + 1) // COLUMN_STEP) * COLUMN_STEP
+        _, columns = self.step.bucket(1, self.context // 2 + 1)
         full = [
             torch.randn((1, *t.shape[1:]), generator=generator, device=self.device).to(t.dtype)
             for t in self.cache.tensors()
@@ -91,7 +94,7 @@ class VerifyPass:
         compiled = self.compiled.get(self.BUCKET)
         if compiled is None:
             return None
-        columns = min(self.context, -(-(position + VERIFY_TOKENS) // COLUMN_STEP) * COLUMN_STEP)
+        _, columns = self.step.bucket(1, position + VERIFY_TOKENS)
         tok, pos, bias = self._arrays
         tok[0] = tokens
         pos[0] = np.arange(position, position + VERIFY_TOKENS)
