@@ -5,9 +5,9 @@ A one-row decode step reads every weight to make one token; this pass reads them
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
 GEMM template's (server/compiled.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
 product's batched matmul of several queries has no template choice (torch 2.13 raised NoValidChoicesError, and
-the build fell back to MKL's products, the slowest on AVX2). One graph, the key columns dynamic as the decode step's, built on the CPU after the
-decode buckets; until it is built (and on CUDA, where it is not) the runner
-has no draft check and the engine decodes step by step.
+the build fell back to MKL's products, the slowest on AVX2). One graph, the key columns dynamic as the decode
+step's, built on the CPU after the decode buckets; until it is built (and on CUDA, where it is not) the runner has
+no draft check and the engine decodes step by step.
 """
 
 from __future__ import annotations
