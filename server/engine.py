@@ -228,7 +228,6 @@ class GenerationEngine:
         request arrives (its prefill should not wait) or when a running one is cancelled."""
         ends = [{self.eos_id, *row.req.params.stop_token_ids} for row in running]
         tokens = [row.generated[-1] for row in running]
-        unconstrained = [None] * len(running)
         ahead = 0
         while ahead < steps:
             made = self._verified(running, ahead, steps - ahead)
@@ -237,7 +236,7 @@ class GenerationEngine:
                     tokens,
                     [row.length + ahead for row in running],
                     [row.sampling.eos_logit_bias(ahead) for row in running],
-                    unconstrained,
+                    [None] * len(running),  # unconstrained
                 )
                 made = [[(token, logprob)] for token, logprob in zip(out.greedy, out.logprobs, strict=True)]
             self.stats.decode_steps += 1

@@ -75,8 +75,8 @@ class RunningRow:
         prompt = self.req.prompt_ids
         if len(self._lookup) < len(prompt):
             self._lookup.extend(prompt[len(self._lookup) :])
-        made = len(self._lookup) - len(prompt)
-        self._lookup.extend(self.generated[made:] + [d.token for d in self.draws][max(made - len(self.generated), 0) :])
+        made = self.generated + [d.token for d in self.draws]
+        self._lookup.extend(made[len(self._lookup) - len(prompt) :])
         return self._lookup
 
 

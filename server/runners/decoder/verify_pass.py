@@ -48,12 +48,9 @@ class VerifyPass:
     BUCKET = (1, VERIFY_TOKENS)  # (rows, tokens): a key of its own among the compiler's buckets
 
     def __init__(self, step: DecodeStep) -> None:
-        self.step = step
+        self.step = step  # its cache, context and column buckets
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
-        self.cache = step.cache
-        self.context = step.context
-        self.vocab_size = step.vocab_size
         n_layer = step.model.config.n_layer
         self.traced = verify_pass(step.model, n_layer)  # what the compiler traces and checks against
         self.uncompiled = verify_pass(step.eager_model, n_layer)
@@ -76,15 +73,15 @@ class VerifyPass:
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
         generator = torch.Generator(device=self.device).manual_seed(0)
-        _, columns = self.step.bucket(1, self.context // 2 + 1)
+        _, columns = self.step.bucket(1, self.step.context // 2 + 1)
         full = [
             torch.randn((1, *t.shape[1:]), generator=generator, device=self.device).to(t.dtype)
-            for t in self.cache.tensors()
+            for t in self.step.cache.tensors()
         ]
         cache = [t[:, :, :columns] for t in full]
         for t in cache:
-            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.context)
-        tokens = torch.randint(self.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
+            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.step.context)
+        tokens = torch.randint(self.step.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
         positions = torch.arange(VERIFY_TOKENS, device=self.device).view(1, -1) + columns // 2
         return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache
 
@@ -100,6 +97,6 @@ class VerifyPass:
         pos[0] = np.arange(position, position + VERIFY_TOKENS)
         bias[0] = eos_bias
         if columns not in self._views:
-            self._views[columns] = self.cache.view(1, columns).tensors()
+            self._views[columns] = self.step.cache.view(1, columns).tensors()
         greedy, logprobs = compiled(*self._inputs, *self._views[columns])
         return greedy.tolist(), logprobs.tolist()
