@@ -252,9 +252,9 @@ class GenerationEngine:
         """A lone row's next tokens from one draft check (server/speculation.py), at most `budget`; None: decode."""
         if len(running) != 1 or not self.draft_tokens or budget < 2:
             return None
-        row = running[0]
-        bias = row.sampling.eos_logit_bias
-        made = speculate(self.runner, row.lookup(), row.length + ahead, lambda i: bias(ahead + i), budget - 1)
+        row, bias = running[0], running[0].sampling.eos_logit_bias
+        limit = min(self.draft_tokens, budget - 1)
+        made = speculate(self.runner, row.lookup(), row.length + ahead, lambda i: bias(ahead + i), limit)
         if made is None:
             return None
         tokens, logprobs, drafted = made

@@ -151,6 +151,16 @@ def test_rows_up_to_the_context_and_max_new_tokens_keep_their_tokens(model, tiny
         same(run_together(engine(model, tiny_tokenizer, 3), [ids], params)[0], expected)
 
 
+def test_draft_tokens_caps_each_draft(model, tiny_tokenizer):
+    ids = tiny_tokenizer.encode(PROMPTS[0]).ids
+    one = engine(model, tiny_tokenizer, 1)
+    checks = []
+    verify = one.runner.verify
+    one.runner.verify = lambda *args: checks.append(args) or verify(*args)
+    run_together(one, [ids], SamplingParams(max_new_tokens=40, **FREE))
+    assert checks and one.stats.draft_tokens == len(checks)  # one draft token a check
+
+
 def test_no_check_until_its_pass_is_built_nor_with_two_rows(model, tiny_tokenizer):
     ids = tiny_tokenizer.encode(PROMPTS[0]).ids
     params = SamplingParams(max_new_tokens=30, **FREE)
