@@ -3,9 +3,9 @@
 The compute thread (server/compute.py) drives the engine, one step per call, each in the order a
 reader expects (vLLM's schedule -> execute -> update):
 1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
-2. run: decode the running rows' last tokens (one step for all, or several back to back while every row
-   is greedy: `steps_per_schedule`; a lone row's drafts checked in one pass: `draft_tokens`), prefill the
-   admitted prompts;
+2. run: prefill the admitted prompts, or, with none, decode the running rows' last tokens (one step for all,
+   or several back to back while every row is greedy: `steps_per_schedule`; a lone row's drafts checked in one
+   pass: `draft_tokens`);
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
@@ -181,15 +181,16 @@ class GenerationEngine:
     # -- 2. run --------------------------------------------------------------------------------
 
     def _run(self, admitted: list[GenerationRequest]) -> None:
-        """Decode the running rows' last tokens, then prefill the admitted prompts into the slots after them
-        (each new row leaves with the logits of its first token)."""
-        if self._rows:
+        """Prefill the admitted prompts into the slots after the running rows (each leaves with its first token's
+        logits), or, with none, decode the running rows, which then wait no longer and are joined level."""
+        if admitted:
+            self._admit(admitted)
+        elif self._rows:
             steps = self._steps_ahead(self._rows)
             if steps > 1:
                 self._decode_greedy(self._rows, steps)
             else:
                 self._decode(self._rows)
-        self._admit(admitted)
 
     def _decode(self, running: list[RunningRow]) -> None:
         """One step for every running row: greedy rows get their token from the step, the others' logits
@@ -263,12 +264,9 @@ class GenerationEngine:
         return [list(zip(tokens, logprobs, strict=True))]
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
-        """Prefill the new prompts together, a few at a time, each into a free slot of the cache.
-
-        Prompts are sorted by length and grouped so that a group's padded size stays within
-        max_prefill_tokens: one forward pass per group instead of one per request (time to first
-        token under load), without one long prompt padding many short ones.
-        """
+        """Prefill the new prompts together, a few at a time, each into a free slot of the cache. Sorted by length
+        and grouped so that a group's padded size stays within max_prefill_tokens: one forward pass per group
+        instead of one per request (time to first token under load), no long prompt padding many short ones."""
         group: list[GenerationRequest] = []
         for req in sorted(reqs, key=lambda r: len(r.prompt_ids)):
             if group and (len(group) + 1) * len(req.prompt_ids) > self.max_prefill_tokens:

@@ -8,6 +8,7 @@ import pytest
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine import GenerationEngine
+from server.events import Sampled
 from server.runners.decoder.runner import GPTRunner
 from tests.conftest import run_together, tiny_gpt
 
@@ -74,6 +75,27 @@ def test_the_steps_stop_for_a_request_that_arrives_or_one_cancelled(model, tiny_
     assert eng.stats.decode_steps == 1
     eng.run_once()  # the newcomer admitted, the cancelled row retired
     assert eng.stats.running == (2 if event == "arrives" else 0)
+
+
+def test_a_burst_that_arrives_in_two_parts_decodes_level(model, tiny_tokenizer):
+    """Requests admitted while others run are prefilled before the running rows' next step, so every row of the
+    burst ends at the same step (decoding first left the later part 8 steps behind after a multi-step run)."""
+    prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "River", "A short one")]
+    params = SamplingParams(max_new_tokens=12, **FREE)
+    alone = run_together(engine(model, tiny_tokenizer, 1), prompts, params)
+    eng = engine(model, tiny_tokenizer, 8)
+    outs: list[list] = [[] for _ in prompts]
+    eng.submit(prompts[0], params, outs[0].append)
+    eng.run_once()  # the first part's prefill
+    for ids, out in zip(prompts[1:], outs[1:], strict=True):
+        eng.submit(ids, params, out.append)
+    eng.run_once()  # the second part's prefill, and no step
+    assert eng.stats.decode_steps == 0
+    assert [len(out) for out in outs] == [1, 1, 1]
+    while eng.has_work():
+        eng.run_once()
+    assert eng.stats.decode_steps == params.max_new_tokens - 1  # every step ran all three rows
+    assert [[e.id for e in out if isinstance(e, Sampled)] for out in outs] == [tokens for tokens, _, _ in alone]
 
 
 class AnyToken:
