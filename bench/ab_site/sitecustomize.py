@@ -37,4 +37,5 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         GPTRunner.compile_passes = whole_only
     else:
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket, one_step, no_burst)")
+        modes = "no_prompt_pass, int8, whole_only, one_bucket, one_step, no_burst"
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} ({modes})")
