@@ -37,5 +37,4 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         GPTRunner.compile_passes = whole_only
     else:
-        modes = "no_prompt_pass, int8, whole_only, one_bucket, one_step, no_burst"
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} ({modes})")
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket, one_step, no_burst)")
