@@ -71,13 +71,6 @@ class Settings(BaseSettings):
         "pass with its pending token (the decoder's compiled draft check on the CPU: at most 3); each one the model "
         "agrees with is a decode step saved; runs within a multi-step run (steps_per_schedule > 1); 0: none",
     )
-    burst_gap_ms: float = Field(
-        10.0,
-        ge=0,
-        description="requests reaching a model less than this apart are a burst: the engine waits until none came "
-        "for this long (until 10 times it after the burst's first at most) and prefills them together; a request "
-        "that arrives alone does not wait; 0: none",
-    )
     compile_models: bool = Field(
         True,
         description="compile the GPT decode step and the fill-mask encoder per shape bucket, in the background "

@@ -30,7 +30,7 @@ import torch
 from models.sampling import Draw, SamplingParams, sample
 from server.compute import ComputeThread
 from server.config import default
-from server.engine_requests import Arrivals, EngineStats, GenerationRequest, RunningRow, greedy_draw
+from server.engine_requests import EngineStats, GenerationRequest, RunningRow, greedy_draw
 from server.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.output import RequestOutput
 from server.runners import CausalLMRunner
@@ -50,7 +50,6 @@ class GenerationEngine:
         max_prefill_tokens: int = default("max_prefill_tokens"),
         steps_per_schedule: int = default("steps_per_schedule"),
         draft_tokens: int = default("draft_tokens"),
-        burst_gap_ms: float = default("burst_gap_ms"),
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
@@ -71,7 +70,6 @@ class GenerationEngine:
         self.stats = EngineStats()
         self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
-        self._arrivals = Arrivals(burst_gap_ms / 1000)
         self._lock = threading.Lock()
         self._rows: list[RunningRow] = []  # row i owns slot i of the decode step's cache
         self._own_thread: ComputeThread | None = None
@@ -107,7 +105,6 @@ class GenerationEngine:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests waiting (max_queue={self.max_queue})")
             self._waiting.append(req)
-            self._arrivals.arrived()
             self.stats.queued = len(self._waiting)
         self.wake()
         return req
@@ -162,13 +159,12 @@ class GenerationEngine:
     # -- 1. schedule --------------------------------------------------------------------------
 
     def _schedule(self) -> list[GenerationRequest]:
-        """Retire finished, cancelled and timed-out rows (their slots refilled), wait for the rest of a burst that is
-        arriving (`burst_gap_ms`), then take the waiting requests that fit in the batch."""
+        """Retire finished, cancelled and timed-out rows (their slots refilled), then take the waiting
+        requests that fit in the batch."""
         kept = [row for row in self._rows if not row.finished and self._wanted(row)]
         if len(kept) < len(self._rows):
             self._compact(kept)
         self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
-        self._arrivals.settle(lambda: 0 < len(self._waiting) < self.max_batch_size - len(self._rows))
         with self._lock:
             admitted = []
             while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
@@ -229,7 +225,8 @@ class GenerationEngine:
 
     def _decode_greedy(self, running: list[RunningRow], steps: int) -> None:
         """Up to `steps` tokens a row back to back, each step's greedy tokens fed to the next (a lone row's drafts
-        checked in one pass: server/speculation.py), until a row's end of text, a new request or a cancellation."""
+        checked in one pass where it has some: server/speculation.py); they stop after a row's end of text, when a
+        request arrives (its prefill should not wait) or when a running one is cancelled."""
         ends = [{self.eos_id, *row.req.params.stop_token_ids} for row in running]
         tokens = [row.generated[-1] for row in running]
         ahead = 0
@@ -382,7 +379,8 @@ class GenerationEngine:
     # -- synchronous use (tests, command line, Cog): text made on the caller's thread ----------
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None) -> Iterator[Event]:
-        """Submit and yield every event, with its text, as it comes; closing the iterator early cancels it."""
+        """Submit and yield every event, with its text, as it comes; closing the iterator early cancels
+        the request."""
         outs: queue.Queue[EngineOutput] = queue.Queue()
         req = self.submit(prompt_ids, params, outs.put, timeout_s)
         made = RequestOutput(req, self.tokenizer, self.eos_id)

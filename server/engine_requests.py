@@ -1,11 +1,9 @@
 """What an engine holds of its requests: each one as submitted (`GenerationRequest`, waiting or running), a
-running one's row of the batch (`RunningRow`), when they arrive (`Arrivals`) and the engine's counters
-(`EngineStats`)."""
+running one's row of the batch (`RunningRow`) and the engine's counters (`EngineStats`)."""
 
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -80,37 +78,6 @@ class RunningRow:
         made = self.generated + [d.token for d in self.draws]
         self._lookup.extend(made[len(self._lookup) - len(prompt) :])
         return self._lookup
-
-
-class Arrivals:
-    """When requests reach the engine, so that a burst's are prefilled together. Triton's dynamic batcher waits a
-    fixed delay for more requests; this waits only while they keep coming less than `gap_s` apart, so a request
-    that arrives alone waits for nothing. A burst of 32 clients reached the engine over 65-170 ms, prefilled in 2-5
-    passes of 106-221 ms in all, each small pass slowed by the HTTP work beside it (AVX2-emulated, Zen 4)."""
-
-    WAIT_GAPS = 10  # a burst is waited for until this many gaps after its first request at most: a steady
-    # stream of requests (an endless burst) is then admitted as it comes, the running rows not held back
-
-    def __init__(self, gap_s: float) -> None:
-        self.gap_s = gap_s
-        self.last = -math.inf  # time.monotonic() of the latest arrival
-        self.start = -math.inf  # of the first of its burst
-        self.in_burst = False  # the latest came less than gap_s after the one before
-
-    def arrived(self) -> None:
-        now = time.monotonic()
-        self.in_burst = now - self.last < self.gap_s
-        self.start = self.start if self.in_burst else now
-        self.last = now
-
-    def settle(self, waiting: Callable[[], bool]) -> None:
-        """Sleep while a burst arrives (until none came for a gap, within WAIT_GAPS gaps of its start) and
-        `waiting()`: requests wait and slots are free for more."""
-        while self.in_burst and waiting():
-            wait = min(self.last + self.gap_s, self.start + self.WAIT_GAPS * self.gap_s) - time.monotonic()
-            if wait <= 0:
-                return
-            time.sleep(wait)
 
 
 @dataclass

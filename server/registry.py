@@ -167,13 +167,7 @@ class ModelRegistry:
                 card=card,
                 runner=runner,
                 engine=GenerationEngine(
-                    runner,
-                    s.max_batch_size,
-                    s.max_queue,
-                    s.max_prefill_tokens,
-                    s.steps_per_schedule,
-                    s.draft_tokens,
-                    s.burst_gap_ms,
+                    runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens, s.steps_per_schedule, s.draft_tokens
                 ),
             )
         if kind == "mlm":

@@ -8,7 +8,6 @@ TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
     AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/compiled.py)
     AB_MODE=one_bucket      only the one-row decode bucket and the prompts' pass built (TINYSERVE_COMPILE_MAX_BATCH=1)
     AB_MODE=one_step        a schedule every decode step (TINYSERVE_STEPS_PER_SCHEDULE=1)
-    AB_MODE=no_burst        no wait for the rest of a burst of requests (TINYSERVE_BURST_GAP_MS=0)
 """
 
 import os
@@ -25,8 +24,6 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
         os.environ["TINYSERVE_COMPILE_MAX_BATCH"] = "1"
     elif mode == "one_step":
         os.environ["TINYSERVE_STEPS_PER_SCHEDULE"] = "1"
-    elif mode == "no_burst":
-        os.environ["TINYSERVE_BURST_GAP_MS"] = "0"
     elif mode == "whole_only":
         from server.runners.decoder.runner import GPTRunner
 
@@ -37,4 +34,4 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
 
         GPTRunner.compile_passes = whole_only
     else:
-        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket, one_step, no_burst)")
+        raise SystemExit(f"AB_MODE: unknown mode {mode!r} (no_prompt_pass, int8, whole_only, one_bucket, one_step)")

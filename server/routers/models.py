@@ -96,7 +96,6 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         max_prefill_tokens=settings.max_prefill_tokens,
         steps_per_schedule=settings.steps_per_schedule,
         draft_tokens=settings.draft_tokens,
-        burst_gap_ms=settings.burst_gap_ms,
         max_new_tokens_cap=settings.max_new_tokens_cap,
         max_prompt_chars=settings.max_prompt_chars,
         max_prompt_tokens=settings.max_prompt_tokens,

@@ -49,7 +49,6 @@ class Info(BaseModel):
     max_prefill_tokens: int
     steps_per_schedule: int
     draft_tokens: int
-    burst_gap_ms: float
     max_new_tokens_cap: int
     max_prompt_chars: int
     max_prompt_tokens: int
