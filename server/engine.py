@@ -3,9 +3,9 @@
 The compute thread (server/compute.py) drives the engine, one step per call, each in the order a
 reader expects (vLLM's schedule -> execute -> update):
 1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
-2. run: prefill the admitted prompts, or, with none, decode the running rows' last tokens (one step for all,
-   or several back to back while every row is greedy: `steps_per_schedule`; a lone row's drafts checked in one
-   pass: `draft_tokens`);
+2. run: decode the running rows' last tokens (one step for all, or several back to back while every row is
+   greedy and none was admitted: `steps_per_schedule`; a lone row's drafts checked in one pass: `draft_tokens`),
+   then prefill the admitted prompts;
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
@@ -181,16 +181,16 @@ class GenerationEngine:
     # -- 2. run --------------------------------------------------------------------------------
 
     def _run(self, admitted: list[GenerationRequest]) -> None:
-        """Prefill the admitted prompts into the slots after the running rows (each leaves with its first token's
-        logits), or, with none, decode the running rows, which then wait no longer and are joined level."""
-        if admitted:
-            self._admit(admitted)
-        elif self._rows:
-            steps = self._steps_ahead(self._rows)
+        """Decode the running rows (one step when prompts were admitted), then prefill the admitted prompts into the
+        slots after them (each new row leaves with its first token's logits). Rows with only their first token (a
+        burst arriving in parts) skip their step instead, so that the new rows join the next one level with them."""
+        if self._rows and not (admitted and all(len(row.generated) <= 1 for row in self._rows)):
+            steps = 1 if admitted else self._steps_ahead(self._rows)
             if steps > 1:
                 self._decode_greedy(self._rows, steps)
             else:
                 self._decode(self._rows)
+        self._admit(admitted)
 
     def _decode(self, running: list[RunningRow]) -> None:
         """One step for every running row: greedy rows get their token from the step, the others' logits

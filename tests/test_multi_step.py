@@ -98,6 +98,21 @@ def test_a_burst_that_arrives_in_two_parts_decodes_level(model, tiny_tokenizer):
     assert [[e.id for e in out if isinstance(e, Sampled)] for out in outs] == [tokens for tokens, _, _ in alone]
 
 
+def test_rows_under_way_step_once_before_a_newcomers_prefill(model, tiny_tokenizer):
+    """Rows past their first token are not held back by arrivals (a stream of them would starve the rows), nor
+    run a multi-step run ahead of the newcomer (its first token would wait 8 steps)."""
+    ids = tiny_tokenizer.encode("The castle was built in").ids
+    params = SamplingParams(max_new_tokens=30, **FREE)
+    eng = engine(model, tiny_tokenizer, 8)
+    eng.submit(ids, params, lambda e: None)
+    eng.run_once()  # its prefill
+    eng.run_once()  # a multi-step run
+    assert eng.stats.decode_steps == 8
+    eng.submit(ids, params, lambda e: None)
+    eng.run_once()
+    assert (eng.stats.decode_steps, eng.stats.prefill_passes, eng.stats.running) == (9, 2, 2)
+
+
 class AnyToken:
     """What the engine reads of an llguidance matcher, allowing every token."""
 
