@@ -185,7 +185,7 @@ class GenerationEngine:
         slots after them (each new row leaves with its first token's logits). Rows with only their first token (a
         burst arriving in parts) skip their step instead, so that the new rows join the next one level with them."""
         if self._rows and not (admitted and all(len(row.generated) <= 1 for row in self._rows)):
-            steps = 1 if admitted else self._steps_ahead(self._rows)
+            steps = self._steps_ahead(self._rows, admitted)
             if steps > 1:
                 self._decode_greedy(self._rows, steps)
             else:
@@ -213,11 +213,12 @@ class GenerationEngine:
             running[i].logits = copies[j]
         self.stats.decode_steps += 1
 
-    def _steps_ahead(self, running: list[RunningRow]) -> int:
-        """Tokens a row makes before the next schedule: 1 unless no request waits and every row is greedy without a
-        constraint (its next token needs no Python) or stop sequences (found on the output side, a step behind); then
-        up to `steps_per_schedule`, no more than a row has left (vLLM's multi-step scheduling)."""
-        if self.steps_per_schedule == 1 or self._waiting:
+    def _steps_ahead(self, running: list[RunningRow], admitted: list[GenerationRequest]) -> int:
+        """Tokens a row makes before the next schedule: 1 unless no request waits or was admitted (its prefill should
+        not wait) and every row is greedy without a constraint (its next token needs no Python) or stop sequences
+        (found on the output side, a step behind); then up to `steps_per_schedule`, no more than a row has left (vLLM's
+        multi-step scheduling)."""
+        if self.steps_per_schedule == 1 or self._waiting or admitted:
             return 1
         if not all(r.req.params.greedy and r.sampling.matcher is None and not r.req.params.stop for r in running):
             return 1

@@ -78,8 +78,8 @@ def test_the_steps_stop_for_a_request_that_arrives_or_one_cancelled(model, tiny_
 
 
 def test_a_burst_that_arrives_in_two_parts_decodes_level(model, tiny_tokenizer):
-    """Requests admitted while others run are prefilled before the running rows' next step, so every row of the
-    burst ends at the same step (decoding first left the later part 8 steps behind after a multi-step run)."""
+    """Requests admitted while the rows running have only their first token are prefilled before those rows' next
+    step, so every row of the burst ends at the same step (decoding first left the later part 8 steps behind)."""
     prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "River", "A short one")]
     params = SamplingParams(max_new_tokens=12, **FREE)
     alone = run_together(engine(model, tiny_tokenizer, 1), prompts, params)
