@@ -17,19 +17,18 @@ from dataclasses import replace
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
-from server import interp
-from server.chat import prepare_chat_job
+from server.api.schemas.chat import ChatMessage
+from server.api.schemas.generation import GenerateParameters
+from server.api.schemas.inspect import AblateRequest, LogitLensRequest, PatchRequest
 from server.config import Settings, default
-from server.constraints import compile_matcher
+from server.engine.events import FinishEvent
 from server.errors import APIError
-from server.events import FinishEvent
-from server.inspection import attention, attention_png, fill_mask
-from server.registry import ModelRegistry
-from server.schemas.chat import ChatMessage
-from server.schemas.generation import GenerateParameters
-from server.schemas.interp import AblateRequest, LogitLensRequest, PatchRequest
-from server.schemas.structured import Constraint
-from server.service import fill_mask_models, find_model, prepare_completion, stream_sync
+from server.features import inspect as inspecting
+from server.features.chat import prepare_chat_job
+from server.features.completion import fill_mask_models, find_model, prepare_completion, stream_sync
+from server.features.constraints import Constraint, compile_matcher
+from server.features.readouts import attention, attention_png, fill_mask
+from server.serving.registry import ModelRegistry
 
 AUTO = "auto"
 INSPECT = ["logit_lens", "ablate", "patch"]
@@ -196,12 +195,12 @@ class Predictor(BasePredictor):
         if task == "logit_lens":
             lens = LogitLensRequest(model=model_id, text=text, top_k=min(top_n, 10))
             m = find_model(self.registry, lens.model, None if lens.model else "causal", "model")
-            return interp.logit_lens(compute, m, lens.text, lens.top_k, settings)
+            return inspecting.logit_lens(compute, m, lens.text, lens.top_k, settings)
         if task == "ablate":
             chosen = "each" if heads.strip() == "each" else json.loads(heads)
             body = AblateRequest(model=model_id, text=text, heads=chosen, top_k=min(top_n, 10))
             m = find_model(self.registry, body.model, "causal", "model")
-            return interp.ablate(compute, m, body.text, body.heads, body.top_k, settings)
+            return inspecting.ablate(compute, m, body.text, body.heads, body.top_k, settings)
         body = PatchRequest(model=model_id, clean=text, corrupt=corrupt, answer=answer, foil=foil)
         m = find_model(self.registry, body.model, "causal", "model")
-        return interp.patch(compute, m, body.clean, body.corrupt, body.answer, body.foil, settings)
+        return inspecting.patch(compute, m, body.clean, body.corrupt, body.answer, body.foil, settings)

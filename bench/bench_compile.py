@@ -6,11 +6,12 @@ builds it first).
 
 A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
-50 steps. --regional: the regional pass (server/compiled.py, regional_copy: every block one nested compile
+50 steps. --regional: the regional pass (server/execution/compiler.py, regional_copy: every block one nested compile
 region, the weights graph inputs, the prepacked layers on the CPU). --unfrozen: a whole graph with the weights
 as graph inputs (no freezing). --phases: dynamo's and inductor's time per phase, each call's time listed (a region
 traced once per block lists as many). --gated: built as the server builds it, on a thread that yields to requests
-(server/compute.py, YieldToRequests; none run here). Run it on an idle machine with an empty inductor cache
+(server/execution/compute_thread.py, YieldToRequests; none run here). Run it on an idle machine with an empty
+inductor cache
 (TORCHINDUCTOR_CACHE_DIR).
 """
 
@@ -28,12 +29,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import server.compiled  # noqa: E402
+import server.execution.compiler  # noqa: E402
 from bench.bench_families import SHAPES, shape_config  # noqa: E402
 from model_store.families import family_of  # noqa: E402
 from models.gpt import GPT  # noqa: E402
-from server.compute import YieldToRequests  # noqa: E402
-from server.runners.decoder.step import DecodeStep  # noqa: E402
+from server.execution.compute_thread import YieldToRequests  # noqa: E402
+from server.execution.decoder.step import DecodeStep  # noqa: E402
 
 
 def random_model(shape: str, dtype: torch.dtype, device: torch.device) -> GPT:
@@ -54,16 +55,16 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.unfrozen:
-        server.compiled.inductor_settings = lambda device, rows: {}
+        server.execution.compiler.inductor_settings = lambda device, rows: {}
     model = random_model(args.shape, getattr(torch, args.dtype), device)
     step = DecodeStep(model, args.rows)
     t = time.perf_counter()
-    compiler = server.compiled.BackgroundCompiler.of(step, [args.rows], None, "bench")
+    compiler = server.execution.compiler.BackgroundCompiler.of(step, [args.rows], None, "bench")
     if args.gated:
         idle = threading.Event()
         idle.set()
         with YieldToRequests(idle).gating():
-            step.compiled[args.rows] = server.compiled.on_own_thread(compiler.build, args.rows, args.regional)
+            step.compiled[args.rows] = server.execution.compiler.on_own_thread(compiler.build, args.rows, args.regional)
     else:
         step.compiled[args.rows] = compiler.build(args.rows, regional=args.regional)
     compile_s = time.perf_counter() - t

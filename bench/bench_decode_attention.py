@@ -4,7 +4,7 @@
 
 One query a row, 6 heads of 64 in bf16 over a (rows, heads, 256, 64) cache, as gpt-wikitext2 decodes.
 "explicit" is the served form (models/gpt.py: scores, mask, softmax in float32, product with the values)
-compiled over the longest row's columns rounded up to 16 (server/runners/decoder/step.py); "flex" is
+compiled over the longest row's columns rounded up to 16 (server/execution/decoder/step.py); "flex" is
 flex_attention with a block mask of 16-column blocks from each row's own length, built outside the
 graph (built inside, torch 2.13's C++ codegen fails on the mask). Run it on an idle machine.
 """

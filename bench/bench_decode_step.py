@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_decode_step.py [--model gpt-wikitext2] [--rows 1,32] [--dtypes float32,bfloat16]
 
 One step of the shipped GPT over a static KV cache (rows x 128 key columns, the serving engine's
-shapes; server/runners/decoder/step.py), 64 steps timed three times, median per step. Candidates: the eager
+shapes; server/execution/decoder/step.py), 64 steps timed three times, median per step. Candidates: the eager
 static step, torch.compile (inductor; + cpp_wrapper, + freezing, max-autotune-no-cudagraphs), and AOTInductor
 packages (torch.export + aoti_compile_and_package, with and without freezing). "floor" is the
 step's matrix products alone. Each candidate's logits are compared with the eager step's.
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from model_store import STORE_ROOT, load_gpt  # noqa: E402
-from server.runners.decoder.step import eager_step  # noqa: E402
+from server.execution.decoder.step import eager_step  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 COLUMNS, STEPS = 128, 64

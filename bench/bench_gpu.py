@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 from bench import bench_families  # noqa: E402
 from bench.serving_sides import Worker  # noqa: E402
 from model_store import STORE_ROOT  # noqa: E402
-from server.compiled import buckets  # noqa: E402
-from server.runners.decoder.step import compile_order  # noqa: E402
+from server.execution.compiler import buckets  # noqa: E402
+from server.execution.decoder.step import compile_order  # noqa: E402
 
 
 def our_server(store: Path, model: str, port: int, compiled: bool, streams: int, log: Path) -> subprocess.Popen:
@@ -177,7 +177,7 @@ def prewarm(store: Path, model: str, rows: int, top: int) -> None:
     """Build the model's `rows` decode bucket, regionally, as a server with `top` rows builds its first pass of it,
     into that server's compile cache."""
     from server.config import Settings
-    from server.registry import ModelRegistry
+    from server.serving.registry import ModelRegistry
 
     settings = Settings(store=store, models=[model], max_batch_size=top, compile_max_batch=top, compile_models=False)
     registry = ModelRegistry(settings)

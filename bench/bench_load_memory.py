@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, sys.argv[1])
 from model_store.store import load_gpt
 try:
-    from server.runners.decoder.runner import GPTRunner
+    from server.execution.decoder.runner import GPTRunner
 except ImportError:  # a checkout from before the decoder's package
-    from server.runners.gpt import GPTRunner
+    from server.execution.gpt import GPTRunner
 
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20

@@ -6,7 +6,7 @@
 One-stream throughput over HTTP is a decode step per token plus what surrounds the steps. Each round runs
 one greedy 64-token request of the 14-token benchmark prompt on three sides, 0.3 s apart:
 - ours in this process: the engine behind the model's runner, its prefill, every decode step and every draft
-  check (`draft_tokens`: server/speculation.py) timed (the gap is the engine's own Python between two passes),
+  check (`draft_tokens`: server/engine/speculation.py) timed (the gap is the engine's own Python between two passes),
   no HTTP;
 - ours over HTTP: `python -m server` in its own process, the same settings, `POST /generate` as
   ../shared/peers/bench_peers.py sends it (details on, EOS masked);
@@ -48,8 +48,8 @@ from models.quantize import WeightOnlyInt8Linear  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from scripts.processes import free_port, http_server, wait_compiled, wait_healthy  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.events import Retired  # noqa: E402
-from server.registry import ModelRegistry  # noqa: E402
+from server.engine.events import Retired  # noqa: E402
+from server.serving.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"  # 14 tokens, as the peers' benchmark
 MODEL = "gpt-wikitext2"

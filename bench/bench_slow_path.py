@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO))
 
 from model_store.ingest import add_checkpoint  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
-from server.engine import GenerationEngine  # noqa: E402
-from server.runners import load_runner  # noqa: E402
+from server.engine.core import GenerationEngine  # noqa: E402
+from server.execution.loader import load_runner  # noqa: E402
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "model_store" / "gpt-wikitext2" / "tokenizer.json"
 SHAPES = {

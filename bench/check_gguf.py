@@ -34,8 +34,8 @@ from model_store.gguf_files import export_gguf  # noqa: E402
 from model_store.gguf_import import import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
-from server.engine import GenerationEngine  # noqa: E402
-from server.runners.decoder.runner import GPTRunner, TokenizersCodec  # noqa: E402
+from server.engine.core import GenerationEngine  # noqa: E402
+from server.execution.decoder.runner import GPTRunner, TokenizersCodec  # noqa: E402
 
 PROMPTS = ["The history of the city begins in the early Middle Ages , when", "In 1998 , the band released", "He"]
 TEXTS = [*PROMPTS, "Ünïcode ☃ and  two spaces", " a leading space"]  # tokenized by llama-server and by us

@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.events import Retired  # noqa: E402
-from server.registry import ModelRegistry  # noqa: E402
-from server.runners.base import right_padded  # noqa: E402
+from server.engine.events import Retired  # noqa: E402
+from server.execution.runner import right_padded  # noqa: E402
+from server.serving.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 

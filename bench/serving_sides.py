@@ -25,8 +25,8 @@ from model_store import STORE_ROOT, load_gpt  # noqa: E402
 from models.device import resolve_device  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
-from server.events import Retired  # noqa: E402
-from server.registry import ModelRegistry, ServedModel  # noqa: E402
+from server.engine.events import Retired  # noqa: E402
+from server.serving.registry import ModelRegistry, ServedModel  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 
@@ -171,7 +171,7 @@ class MatmulFloor:
 
 class FillMaskOurs:
     def __init__(self, folder: str) -> None:
-        from server.inspection import fill_mask
+        from server.features.readouts import fill_mask
 
         folder = Path(folder)
         self.registry, served = served_compiled(Settings(store=folder.parent, models=[folder.name]), folder.name)

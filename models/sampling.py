@@ -1,5 +1,5 @@
 """The sampler: one call chooses the next token of every sequence in a batch, as tensor ops over the
-batch's logits (stop sequences are text: server/detokenizer.py).
+batch's logits (stop sequences are text: server/engine/detokenizer.py).
 
 One sampler for the serving engine and `GPT.generate` (so `python -m training complete` and the
 server give the same tokens for the same prompt, parameters and seed). A seeded request draws from a
@@ -41,7 +41,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """The next token is the argmax of the logits with only the EOS bias and a constraint's mask
-        applied: the decode step chooses it on the graph, with its logprob (server/runners/decoder/step.py),
+        applied: the decode step chooses it on the graph, with its logprob (server/execution/decoder/step.py),
         and no Python sampler runs for the row."""
         return (
             self.temperature == 0

@@ -1,4 +1,4 @@
-"""Write the demo page's examples (server/static/examples.json): shared links, run in the page itself
+"""Write the demo page's examples (server/api/static/examples.json): shared links, run in the page itself
 on the shipped models, with the output the page showed. Rerun after shipping a new checkpoint.
 
 python -m scripts.demo_examples

@@ -14,7 +14,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp, CliSettingsSource
 
-from server.app import create_app
+from server.api.app import create_app
 from server.config import Settings
 
 
@@ -37,7 +37,7 @@ def parse_settings(argv: list[str]) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # uvicorn's own drain limit outlasts the streams' grace period (server/routers/sse.py)
+    # uvicorn's own drain limit outlasts the streams' grace period (server/api/routers/sse.py)
     drain_s = int(settings.shutdown_grace_s) + 5
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, timeout_graceful_shutdown=drain_s)
 

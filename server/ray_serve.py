@@ -72,7 +72,7 @@ def build_app(options: RayServeOptions, settings: Settings | None = None) -> ser
     def make_app():  # runs in each replica's process
         import torch
 
-        from server.app import create_app
+        from server.api.app import create_app
 
         torch.set_num_threads(threads)
         app = create_app(settings)

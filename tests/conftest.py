@@ -13,7 +13,7 @@ from models.esperberto import build_model, make_config, save_model
 from models.gpt import GPT, GPTConfig
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.events import Retired
+from server.engine.events import Retired
 from training.data import read_split, split_documents
 from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.tokenizer import train_bpe

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from server import middleware
-from server.app import create_app
+from server.api import middleware
+from server.api.app import create_app
+from server.api.metrics import Metrics
 from server.config import Settings
-from server.metrics import Metrics
 from tests.conftest import error_of
 
 
@@ -271,7 +271,7 @@ def test_score(client):
 def test_leaving_a_stream_cancels_generation(client):
     """The SSE layer's event iterator cancels its request when closed early (client disconnect)."""
     from models.sampling import SamplingParams
-    from server.service import CompletionJob, events
+    from server.features.completion import CompletionJob, events
 
     app = client.app
     m = app.state.registry.get("tiny-gpt")

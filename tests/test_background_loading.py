@@ -6,12 +6,12 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-import server.registry as registry_module
-from server.app import create_app
-from server.compiled import BackgroundCompiler
+import server.serving.registry as registry_module
+from server.api.app import create_app
 from server.config import Settings
-from server.registry import ModelLoadingError, ModelRegistry
-from server.runners.decoder.verify_pass import VerifyPass
+from server.execution.compiler import BackgroundCompiler
+from server.execution.decoder.verify_pass import VerifyPass
+from server.serving.registry import ModelLoadingError, ModelRegistry
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
+from server.api.app import create_app
 from server.config import Settings
 from tests.conftest import error_of
 

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from model_store.ingest import add_checkpoint
-from server.app import create_app
+from server.api.app import create_app
 from server.config import Settings
 from tests.conftest import error_of
 from tests.test_families import VOCAB, families
@@ -65,8 +65,8 @@ def openai_client(client):
 def test_the_prompt_is_the_template_rendered_as_transformers_renders_it(client, chat_store):
     from transformers import AutoTokenizer
 
-    from server.chat import prepare_chat
-    from server.schemas.chat import ChatCompletionRequest
+    from server.api.schemas.chat import ChatCompletionRequest
+    from server.features.chat import prepare_chat
 
     registry = client.app.state.registry
     body = ChatCompletionRequest(model="tiny-chat", messages=MESSAGES)

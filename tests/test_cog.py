@@ -108,7 +108,7 @@ def test_fill_mask_and_attention_tasks(cog_server):
 def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, cog_store):
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
+    from server.api.app import create_app
     from server.config import Settings
 
     def cog(**inputs):
@@ -198,7 +198,7 @@ def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_serve
     """One service layer: the predictor and POST /generate share parameters, model choice and sampler."""
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
+    from server.api.app import create_app
     from server.config import Settings
 
     inputs = {"max_new_tokens": 12, "temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 7, "eos_bias": -3.0}
@@ -217,7 +217,7 @@ def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monke
     from fastapi.testclient import TestClient
 
     from predict import Predictor
-    from server.app import create_app
+    from server.api.app import create_app
     from server.config import Settings
 
     for name, value in (("STORE", cog_store), ("DEFAULT_EOS_BIAS", bias), ("COMPILE_MODELS", "false")):

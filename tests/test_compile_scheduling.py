@@ -5,9 +5,9 @@ import shutil
 import threading
 import time
 
-from server.compute import YieldToRequests
 from server.config import Settings
-from server.registry import ModelRegistry
+from server.execution.compute_thread import YieldToRequests
+from server.serving.registry import ModelRegistry
 
 
 def _calls_made(gate: YieldToRequests, seconds: float, idle_after: float | None = None) -> int:
@@ -62,7 +62,7 @@ def test_the_default_models_compile_first(store, tmp_path, monkeypatch):
     for src, dst in [("tiny-mlm-softmax1", "a-mlm"), ("tiny-gpt", "b-gpt"), ("tiny-mlm-softmax0", "c-mlm")]:
         shutil.copytree(store / src, ordered / dst)
     seen = []
-    monkeypatch.setattr("server.registry.BackgroundCompiler.run", lambda compiler: seen.append(compiler))
+    monkeypatch.setattr("server.serving.registry.BackgroundCompiler.run", lambda compiler: seen.append(compiler))
     registry = ModelRegistry(Settings(store=ordered, compile_models=True, compile_max_batch=1))
     registry.load_all()
     try:
@@ -87,7 +87,7 @@ def test_each_build_collects_its_garbage_then_freezes_what_survives():
 
     import torch
 
-    from server.compiled import BackgroundCompiler
+    from server.execution.compiler import BackgroundCompiler
 
     class Unbuildable:  # every bucket fails at once: the settling must not depend on a build succeeding
         device, dtype, compiled = torch.device("cpu"), torch.float32, {}

@@ -8,7 +8,8 @@ import torch
 
 from model_store.store import write_checkpoint
 from models.sampling import SamplingParams
-from server.compiled import (
+from server.engine.core import GenerationEngine
+from server.execution.compiler import (
     TEMPLATE_GEMM_MAX_ROWS,
     BackgroundCompiler,
     GraphCapture,
@@ -16,8 +17,7 @@ from server.compiled import (
     inductor_settings,
     skipping_guards,
 )
-from server.engine import GenerationEngine
-from server.runners.decoder.runner import GPTRunner
+from server.execution.decoder.runner import GPTRunner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 VARIANTS = {
@@ -224,7 +224,7 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
 def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
     # a frozen CPU graph holds prepacked oneDNN weights, which inductor cannot pickle: the cache serves the
     # unfrozen graphs (CUDA's), so this test compiles without freezing
-    monkeypatch.setattr("server.compiled.inductor_settings", lambda device, rows: {})
+    monkeypatch.setattr("server.execution.compiler.inductor_settings", lambda device, rows: {})
     a = tmp_path / "a"
     write_checkpoint(a, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
     cpu = torch.device("cpu")
@@ -246,7 +246,7 @@ def test_compiled_encoder_fills_masks_as_eager(store, variant):
     from model_store import load_mlm
     from models.esperberto.fill_mask import fill_mask
     from models.esperberto.model import max_tokens
-    from server.encoder_step import EncoderStep
+    from server.execution.encoder_step import EncoderStep
 
     model, tok = load_mlm(store / f"tiny-mlm-{variant}")
     if variant == "softmax0":
@@ -290,7 +290,7 @@ def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatc
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         template = generated_code()
-        monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)
+        monkeypatch.setattr("server.execution.compiler.TEMPLATE_GEMM_MAX_ROWS", 0)
         emulate_cpu(monkeypatch, AVX512_BF16)  # where the prepacked layers serve many rows (float32: MKL's)
         prepacked = generated_code()
     finally:
@@ -301,7 +301,7 @@ def test_few_row_cpu_steps_run_their_matmuls_in_the_cpp_gemm_template(monkeypatc
 
 def test_inductor_compiles_on_one_openmp_thread_for_code_that_runs_on_the_compute_threads_count(monkeypatch):
     """A second OpenMP team in the process made libgomp put the compute thread's worker to sleep between
-    ops (server/compiled.py): inductor's own torch ops run on one thread, the code it makes on the count
+    ops (server/execution/compiler.py): inductor's own torch ops run on one thread, the code it makes on the count
     the compiler was given, and dynamo's guards keep the caller's count (or the compute thread recompiles)."""
     import torch._inductor.compile_fx as compile_fx_module
     from torch._inductor.utils import run_and_get_code
@@ -332,7 +332,7 @@ def test_cpu_steps_really_freeze_their_weights_into_prepacked_linears(monkeypatc
     packing): the setting must reach inductor's config, which the build does."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr("server.compiled.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
+    monkeypatch.setattr("server.execution.compiler.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
     emulate_cpu(monkeypatch, AVX512_BF16)  # (without AVX-512 every bucket runs the template)
 
     engine = started(tiny_gpt(vocab_size=97, context_length=64))
@@ -352,7 +352,7 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
 
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
+    from server.api.app import create_app
     from server.config import Settings
 
     settings = Settings(

@@ -6,7 +6,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from model_store.store import load_gpt
-from server.app import create_app
+from server.api.app import create_app
 from server.config import Settings
 from tests.conftest import error_of
 

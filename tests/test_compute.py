@@ -6,10 +6,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-import server.registry as registry_module
-from server.app import create_app
-from server.compute import ComputeThread, WrongThreadError
+import server.serving.registry as registry_module
+from server.api.app import create_app
 from server.config import Settings
+from server.execution.compute_thread import ComputeThread, WrongThreadError
 
 
 def test_jobs_run_on_the_compute_thread_and_errors_reach_the_caller():

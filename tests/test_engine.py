@@ -5,10 +5,10 @@ import pytest
 
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.detokenizer import Detokenizer
-from server.engine import GenerationEngine, QueueFullError
-from server.events import FinishEvent, Retired
-from server.runners.decoder.runner import GPTRunner
+from server.engine.core import GenerationEngine, QueueFullError
+from server.engine.detokenizer import Detokenizer
+from server.engine.events import FinishEvent, Retired
+from server.execution.decoder.runner import GPTRunner
 from tests.conftest import run_together, tiny_gpt
 
 
@@ -298,7 +298,7 @@ def test_greedy_rows_take_their_tokens_from_the_step_not_the_batch_sampler(engin
     runs once per request, for the first token after the prefill, and gives the same tokens."""
     import math
 
-    import server.engine as engine_module
+    import server.engine.core as engine_module
     from models.sampling import sample
 
     calls = []

@@ -10,8 +10,8 @@ import torch
 from model_store.ingest import add_checkpoint
 from model_store.store import CheckpointError, load_gpt
 from models.sampling import SamplingParams
-from server.engine import GenerationEngine
-from server.runners.decoder.runner import GPTRunner, TokenizersCodec
+from server.engine.core import GenerationEngine
+from server.execution.decoder.runner import GPTRunner, TokenizersCodec
 
 VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -148,8 +148,8 @@ def test_a_long_context_is_capped_for_the_static_cache(tmp_path):
 
 def test_the_kv_cache_fits_its_budget_by_cutting_each_slots_context(tmp_path):
     """As llama.cpp splits -c over its slots: within kv_cache_mb, every slot keeps the same, shorter context."""
-    from server.runners import load_runner
-    from server.runners.decoder.runner import fit_context
+    from server.execution.decoder.runner import fit_context
+    from server.execution.loader import load_runner
 
     folder = stored(tmp_path, "llama")[1]
     model, _ = load_gpt(folder)
@@ -192,7 +192,7 @@ def test_a_mapped_family_is_not_exported_as_our_gpt(tmp_path):
 def test_the_transformers_runner_starts_prompts_as_its_tokenizer_does(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from server.runners.hf_causal import HFCodec
+    from server.execution.hf_causal import HFCodec
 
     save_family(tmp_path, "llama", bos=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path)

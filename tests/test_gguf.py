@@ -166,7 +166,7 @@ def test_q8_0_blocks_are_read_back_as_written(tmp_path, tiny_tokenizer):
 
 
 def test_a_tokenizer_that_starts_with_bos_still_does_after_gguf(tmp_path, tiny_tokenizer):
-    from server.runners.decoder.runner import TokenizersCodec
+    from server.execution.decoder.runner import TokenizersCodec
 
     _, folder = stored_family(tmp_path, "llama", tiny_tokenizer, bos=True)
     out = export_gguf(folder, tmp_path / "bos.gguf")
@@ -282,7 +282,7 @@ def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it
     file, BOS included, and decodes them back to the text; the weights are the file's."""
     from transformers import AutoTokenizer
 
-    from server.runners.decoder.runner import TokenizersCodec
+    from server.execution.decoder.runner import TokenizersCodec
 
     theirs = sentencepiece_file(tmp_path, tiny_tokenizer)
     back, tokenizer = load_gpt(add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store"))
@@ -303,7 +303,7 @@ def test_a_sentencepiece_tokenizer_leaves_through_gguf_and_comes_back(tmp_path, 
     tokenizer as ours, and the store reads it back with the same ids, BOS first."""
     from transformers import AutoTokenizer
 
-    from server.runners.decoder.runner import TokenizersCodec
+    from server.execution.decoder.runner import TokenizersCodec
 
     sentencepiece_file(tmp_path, tiny_tokenizer)
     first = add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store")

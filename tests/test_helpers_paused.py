@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from server.compute import ComputeThread, HelpersPaused, helper_processes
+from server.execution.compute_thread import ComputeThread, HelpersPaused, helper_processes
 
 
 def state(pid: int) -> str:

@@ -12,7 +12,7 @@ from model_store.export import export_hf
 from model_store.ingest import add_checkpoint
 from model_store.store import CheckpointError, load_causal_lm, write_checkpoint
 from models.tokenizer import EOS_TOKEN, eos_id
-from server.app import create_app
+from server.api.app import create_app
 from server.cli import main as tinyserve
 from server.config import Settings
 from tests.conftest import tiny_gpt
@@ -182,8 +182,8 @@ def test_other_architectures_serve_transformers_greedy_tokens_from_their_slots(t
     import transformers
 
     from models.sampling import SamplingParams
-    from server.engine import GenerationEngine
-    from server.runners import load_runner
+    from server.engine.core import GenerationEngine
+    from server.execution.loader import load_runner
 
     eos = eos_id(tiny_tokenizer)
     config = transformers.AutoConfig.for_model(kind, vocab_size=tiny_tokenizer.get_vocab_size(), bos_token_id=eos,

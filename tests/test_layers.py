@@ -19,18 +19,32 @@ ALLOWED = {
 }
 # the `tinyserve` command dispatches to every job, training's included
 EXCEPTIONS = {("server.cli", "training")}
-# inside server, lowest first: a module imports only from its own layer or the ones before it
+# inside server, lowest first: each folder is one layer; a module imports only from its own layer or the ones
+# before it (server/config.py and server/errors.py are the base every layer reads; the entry points sit on top)
 SERVER_LAYERS = [
-    {"graph_call"},
-    {"config", "errors", "events", "metrics", "placement", "model_card", "compute", "compiled", "detokenizer"},
-    {"runners", "encoder_step", "output", "schemas", "middleware"},
-    {"engine", "engine_requests", "speculation"},
-    {"registry"},
-    {"service", "inspection", "interp", "chat", "constraints", "dependencies"},
-    {"routers"},
-    {"app"},
+    {"config", "errors"},
+    {"execution"},  # the compute thread, model runners, compiled steps, the background compiler
+    {"engine"},  # continuous batching: requests and rows, speculation, events, text made on the output side
+    {"serving"},  # the registry of served models, placement, model cards
+    {"features"},  # completion, chat, structured output, readouts (score, attention, fill-mask), inspect
+    {"api"},  # the FastAPI app: middleware, routers, schemas, the demo page
     {"__main__", "ray_serve", "cli"},
 ]
+# inside a folder, lowest first: the same rule one level down
+FOLDER_LAYERS = {
+    "execution": [
+        {"graph_call", "compute_thread"},
+        {"compiler"},
+        {"runner", "encoder_step"},
+        {"decoder", "hf_causal"},
+        {"loader"},
+    ],
+    "engine": [{"events", "detokenizer"}, {"output", "speculation"}, {"rows"}, {"core"}],
+    "serving": [{"placement", "model_card"}, {"registry"}],
+    "features": [{"completion", "readouts"}, {"constraints", "chat", "inspect"}],
+    "api": [{"metrics"}, {"middleware", "schemas", "dependencies"}, {"routers"}, {"app"}],
+}
+MAX_TOP_MODULES = 10  # server/ itself holds the entry points and the base, the rest lives in its layers
 
 
 def module_name(path: Path) -> str:
@@ -75,8 +89,17 @@ def server_layer(module: str) -> int:
     return layer
 
 
+def folder_layer(module: str) -> int:
+    folder, part = module.split(".")[1], (module.split(".") + ["__init__"])[2]
+    if part == "__init__":
+        return 0
+    layer = next((i for i, names in enumerate(FOLDER_LAYERS[folder]) if part in names), None)
+    assert layer is not None, f"server.{folder}.{part} is in no layer of FOLDER_LAYERS[{folder!r}]: place it there"
+    return layer
+
+
 def test_server_modules_import_only_the_layers_below_them():
-    """compute thread, steps, detokenizer <- runners, output <- engine <- registry <- service <- routers <- app."""
+    """config, errors <- execution <- engine <- serving <- features <- api <- the entry points."""
     bad = [
         f"{module} imports {target}"
         for module, targets in project_imports().items()
@@ -85,6 +108,28 @@ def test_server_modules_import_only_the_layers_below_them():
         if target.startswith("server.") and server_layer(target) > server_layer(module)
     ]
     assert not bad, bad
+
+
+def test_folder_modules_import_only_the_layers_below_them():
+    """Inside each layer's folder, e.g. the compute thread <- the compiler <- runners <- their loader."""
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in project_imports().items()
+        if module.split(".")[0] == "server" and len(module.split(".")) > 2 and module.split(".")[1] in FOLDER_LAYERS
+        for target in targets
+        if target.split(".")[:2] == module.split(".")[:2]
+        and len(target.split(".")) > 2
+        and folder_layer(target) > folder_layer(module)
+    ]
+    assert not bad, bad
+
+
+def test_server_holds_few_modules_and_a_folder_per_layer():
+    top = sorted(p.stem for p in (REPO / "server").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= MAX_TOP_MODULES, top
+    folders = {p.name for p in (REPO / "server").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(FOLDER_LAYERS), folders
+    assert set(top) <= set().union(*SERVER_LAYERS), top
 
 
 def test_no_import_cycles_between_modules():

@@ -1,8 +1,8 @@
-"""Model cards for the demo page: what a card may link and how it renders (server/model_card.py)."""
+"""Model cards for the demo page: what a card may link and how it renders (server/serving/model_card.py)."""
 
 from __future__ import annotations
 
-from server.model_card import card_image, linked_images, render_html
+from server.serving.model_card import card_image, linked_images, render_html
 
 CARD = """# A model
 

@@ -7,9 +7,9 @@ import pytest
 
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.engine import GenerationEngine
-from server.events import Sampled
-from server.runners.decoder.runner import GPTRunner
+from server.engine.core import GenerationEngine
+from server.engine.events import Sampled
+from server.execution.decoder.runner import GPTRunner
 from tests.conftest import run_together, tiny_gpt
 
 FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}

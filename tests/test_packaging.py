@@ -48,7 +48,7 @@ def test_dockerfile_installs_the_requirements_and_copies_what_the_server_imports
     assert copied == {"models", "model_store", "server"}
     # and those are all that `python -m server` imports of the project (no training/, scripts/)
     probe = (
-        "import sys; from server.__main__ import parse_settings; from server.app import create_app; "
+        "import sys; from server.__main__ import parse_settings; from server.api.app import create_app; "
         "create_app(parse_settings([]));"
         "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in {'training', 'scripts', 'bench'}}))"
     )

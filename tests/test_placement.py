@@ -5,7 +5,7 @@ from dataclasses import replace
 import torch
 
 from models import cpu
-from server.placement import plan
+from server.serving.placement import plan
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu
 
 
@@ -39,7 +39,7 @@ def test_explicit_bf16_without_onednn_bf16_serves_on_atens_kernels_and_says_so(m
 def test_info_gives_the_placement_and_why(store):
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
+    from server.api.app import create_app
     from server.config import Settings
 
     with TestClient(create_app(Settings(store=store, device="cpu"))) as client:  # the CPU's placement, on any machine

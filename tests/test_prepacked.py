@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from server.runners.decoder.prepacked import PrepackedLinear, prepacked_copy, prepacks
-from server.runners.decoder.step import DecodeStep
+from server.execution.decoder.prepacked import PrepackedLinear, prepacked_copy, prepacks
+from server.execution.decoder.step import DecodeStep
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, needs_onednn_bf16, tiny_gpt
 from tests.test_compiled_step import VARIANTS
 
@@ -50,7 +50,7 @@ def test_without_avx512_float32_steps_run_prepacked_layers_with_the_models_numbe
 
 @needs_onednn_bf16
 def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
-    from server.runners.decoder.runner import GPTRunner
+    from server.execution.decoder.runner import GPTRunner
 
     model = tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval()
     runner = GPTRunner(model, None, 4)
@@ -70,7 +70,7 @@ def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
 @needs_onednn_bf16
 def test_int8_models_keep_the_int8_kernel_for_few_rows_and_prepack_the_rest():
     from models.quantize import INT8_KERNEL_MAX_ROWS, quantize_int8
-    from server.runners.decoder.prepacked import PrepackedInt8Linear
+    from server.execution.decoder.prepacked import PrepackedInt8Linear
 
     model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval())
     packed = prepacked_copy(model)

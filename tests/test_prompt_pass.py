@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler, Pass, inductor_settings
-from server.runners.base import right_padded
-from server.runners.decoder.runner import GPTRunner
-from server.runners.decoder.verify_pass import VerifyPass
+from server.execution.compiler import BackgroundCompiler, Pass, inductor_settings
+from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.verify_pass import VerifyPass
+from server.execution.runner import right_padded
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started
 

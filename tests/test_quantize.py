@@ -6,10 +6,10 @@ import torch
 from model_store.store import write_checkpoint
 from models.quantize import INT8_KERNEL_MAX_ROWS, WeightOnlyInt8Linear, quantize_int8
 from models.sampling import SamplingParams
-from server.compiled import BackgroundCompiler
-from server.engine import GenerationEngine
-from server.runners import load_runner
-from server.runners.decoder.runner import GPTRunner
+from server.engine.core import GenerationEngine
+from server.execution.compiler import BackgroundCompiler
+from server.execution.decoder.runner import GPTRunner
+from server.execution.loader import load_runner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 

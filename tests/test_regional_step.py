@@ -1,13 +1,13 @@
-"""Building decode steps: the blocks of a step as one nested compile region (server/compiled.py, regional_copy),
+"""Building decode steps: the blocks of a step as one nested compile region (compiler.py, regional_copy),
 and a bucket not built yet running padded on a larger built one."""
 
 import pytest
 import torch
 
 from models.cpu import cpu_features
-from server.compiled import BackgroundCompiler
-from server.runners.decoder.runner import GPTRunner
-from server.runners.decoder.step import DecodeStep
+from server.execution.compiler import BackgroundCompiler
+from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.step import DecodeStep
 from tests.conftest import AVX2, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
 
@@ -16,7 +16,7 @@ from tests.test_compiled_step import VARIANTS, no_recompiles
 def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_step(monkeypatch, variant):
     """The weights graph inputs: every block is the same nested compile region, and each bucket's step gives
     the eager step's tokens and logits, without recompiling on the live inputs."""
-    import server.compiled
+    import server.execution.compiler
 
     model = tiny_gpt(vocab_size=97, context_length=64, n_layer=3, **VARIANTS[variant])
     step = DecodeStep(model, 4)
@@ -31,8 +31,10 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
         for t in step.cache.tensors():
             t.normal_()
     traced: list[torch.fx.GraphModule] = []  # the graphs dynamo hands the backend
-    capture = server.compiled.GraphCapture.__call__
-    monkeypatch.setattr(server.compiled.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i))
+    capture = server.execution.compiler.GraphCapture.__call__
+    monkeypatch.setattr(
+        server.execution.compiler.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i)
+    )
     for rows in step.compile_order(4):
         step.compiled[rows] = compiler.build(rows, regional=True)
         calls = [n for n in traced[-1].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
@@ -83,7 +85,7 @@ def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_
 def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_without_dynamo(monkeypatch, dtype):
     """On the CPU the regional graph runs the eager model's prepacked layers (oneDNN's, an opaque op to inductor),
     their packed weights graph inputs bound at build time, not frozen copies; the engine calls the graph itself."""
-    import server.compiled
+    import server.execution.compiler
 
     if dtype == "bfloat16":
         if not cpu_features().onednn_bf16:
@@ -94,8 +96,10 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
         model = tiny_gpt(vocab_size=97, context_length=64, n_layer=2)
     step = DecodeStep(model.eval(), 2)
     traced: list[torch.fx.GraphModule] = []
-    capture = server.compiled.GraphCapture.__call__
-    monkeypatch.setattr(server.compiled.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i))
+    capture = server.execution.compiler.GraphCapture.__call__
+    monkeypatch.setattr(
+        server.execution.compiler.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i)
+    )
     compiled = BackgroundCompiler.of(step, [2], None, "test").build(2, regional=True)
     region = next(m for name, m in traced[0].named_modules() if "subgraph" in name)
     assert any(n.target is torch.ops.tinyserve.prepacked_linear.default for n in region.graph.nodes)

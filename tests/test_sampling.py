@@ -3,7 +3,7 @@ import json
 import torch
 
 from models.sampling import SamplingParams, SequenceState, adjust_logits, choose_tokens, sample
-from server.detokenizer import StopMatcher
+from server.engine.detokenizer import StopMatcher
 from tests.conftest import FIXTURES, tiny_gpt
 
 

@@ -7,11 +7,11 @@ import pytest
 
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.compiled import BackgroundCompiler, Pass
-from server.engine import GenerationEngine
-from server.runners.decoder.runner import GPTRunner
-from server.runners.decoder.verify_pass import VerifyPass
-from server.speculation import PromptLookup, agreed, speculate
+from server.engine.core import GenerationEngine
+from server.engine.speculation import PromptLookup, agreed, speculate
+from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.verify_pass import VerifyPass
 from tests.conftest import run_together, tiny_gpt
 
 FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from model_store.ingest import add_checkpoint
-from server.app import create_app
+from server.api.app import create_app
 from server.config import Settings
 from tests.conftest import error_of
 from tests.test_chat import CHATML, MESSAGES

@@ -11,8 +11,8 @@ from models.gpt import AdditiveScore
 from models.positions import rope, rope_rotation
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.engine import GenerationEngine
-from server.runners.decoder.runner import GPTRunner
+from server.engine.core import GenerationEngine
+from server.execution.decoder.runner import GPTRunner
 from tests.conftest import tiny_gpt
 from training.variants import VARIANTS
 

@@ -3,9 +3,9 @@ only sides measured in the same alternating rounds compare). Put this folder on 
 that load alike, e.g. TINYSERVE_DTYPES="default float32" on a CPU where auto is float32: the server started with
 TINYSERVE_DTYPE=$AB_SIDE_DTYPE gets AB_MODE, the other is today's server.
 
-    AB_MODE=no_prompt_pass  the prompts' pass stays eager (server/runners/decoder/prompt_pass.py)
+    AB_MODE=no_prompt_pass  the prompts' pass stays eager (server/execution/decoder/prompt_pass.py)
     AB_MODE=int8            TINYSERVE_WEIGHTS=int8 (int8 against the default dtype in the same rounds)
-    AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/compiled.py)
+    AB_MODE=whole_only      every decode bucket one whole frozen graph, no regional ones (server/execution/compiler.py)
     AB_MODE=one_bucket      only the one-row decode bucket and the prompts' pass built (TINYSERVE_COMPILE_MAX_BATCH=1)
     AB_MODE=one_step        a schedule every decode step (TINYSERVE_STEPS_PER_SCHEDULE=1)
 """
@@ -15,7 +15,7 @@ import os
 if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.environ["AB_SIDE_DTYPE"]:
     mode = os.environ.get("AB_MODE", "")
     if mode == "no_prompt_pass":
-        import server.runners.decoder.prompt_pass as prompt_pass
+        import server.execution.decoder.prompt_pass as prompt_pass
 
         prompt_pass.PromptPass.buckets = lambda self: []
     elif mode == "int8":
@@ -25,7 +25,7 @@ if os.environ.get("AB_SIDE_DTYPE") and os.environ.get("TINYSERVE_DTYPE") == os.e
     elif mode == "one_step":
         os.environ["TINYSERVE_STEPS_PER_SCHEDULE"] = "1"
     elif mode == "whole_only":
-        from server.runners.decoder.runner import GPTRunner
+        from server.execution.decoder.runner import GPTRunner
 
         passes = GPTRunner.compile_passes
 

@@ -1,0 +1,97 @@
+"""What an engine holds of its requests: each one as submitted (`GenerationRequest`, waiting or running), a
+running one's row of the batch (`RunningRow`) and the engine's counters (`EngineStats`)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob
+from server.engine.events import EngineOutput
+from server.engine.speculation import PromptLookup
+
+
+class GenerationRequest:
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[EngineOutput], None],
+        timeout_s: float | None,
+        withdraw: Callable[[GenerationRequest], None] = lambda req: None,
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.sink = sink
+        self.deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.cancelled = threading.Event()
+        self.end_reason = "cancelled"  # why it was asked to end, as its Retired output says
+        self._withdraw = withdraw
+
+    def end(self, reason: str) -> None:
+        """Leave the waiting queue now, or stop at the next step: `reason` is what the output side found
+        (a stop sequence); the first reason given is kept."""
+        if not self.cancelled.is_set():
+            self.end_reason = reason
+        self.cancelled.set()
+        self._withdraw(self)
+
+    def cancel(self) -> None:
+        """End it because nobody wants its output any more (the client disconnected)."""
+        self.end("cancelled")
+
+
+class RunningRow:
+    """A request in the running batch."""
+
+    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
+        self.req = req
+        self.logits: torch.Tensor | None = logits  # (V,) raw logits of this step, for the batch sampler
+        self.draws: list[Draw] = []  # or this run's tokens, chosen (greedy rows: by the decode step)
+        self.generated: list[int] = []  # the last one is not in the cache yet: the next run decodes it
+        self.length = len(req.prompt_ids)  # real tokens in the cache
+        self.max_new = max_new
+        generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
+        self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
+        self.finished = False  # its finish event is out: the next schedule retires it
+        self._lookup = PromptLookup()  # its tokens' n-grams, where it drafts (built at its first draft)
+
+    def take(self, made: list[tuple[int, float]], ends: set[int]) -> bool:
+        """A greedy pass's (token, logprob) pairs as draws, up to an end token (the pass's tokens after it are
+        dropped); whether one came."""
+        for token, logprob in made:
+            self.draws.append(greedy_draw(self, token, logprob))
+            if token in ends:
+                return True
+        return False
+
+    def lookup(self) -> PromptLookup:
+        """The index of the row's tokens (prompt, generated, this run's draws), brought up to date."""
+        prompt = self.req.prompt_ids
+        if len(self._lookup) < len(prompt):
+            self._lookup.extend(prompt[len(self._lookup) :])
+        made = self.generated + [d.token for d in self.draws]
+        self._lookup.extend(made[len(self._lookup) - len(prompt) :])
+        return self._lookup
+
+
+@dataclass
+class EngineStats:
+    queued: int = 0
+    running: int = 0
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    prefill_passes: int = 0
+    draft_tokens: int = 0  # proposed to a draft check (server/engine/speculation.py)
+    draft_tokens_agreed: int = 0  # of those, the model's own greedy tokens
+    finished: collections.Counter = field(default_factory=collections.Counter)  # finish reason -> requests
+
+
+def greedy_draw(row: RunningRow, token: int, logprob: float) -> Draw:
+    """A greedy row's token as the decode step chose it, with its logprob where the request asked for one."""
+    return Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)

@@ -1,0 +1,73 @@
+"""Speculative decoding with drafts from the sequence itself (prompt lookup: transformers' prompt_lookup_num_tokens,
+vLLM's "ngram" method): where the last few tokens appeared before, the tokens that followed them then are the
+draft, and the model checks the pending token and the draft in one pass (the runner's `verify`). A greedy
+sequence keeps the tokens it would have made one step at a time (up to the pass's own rounding); each draft token
+the model agrees with is a decode step, and a read of every weight, saved. Small models' greedy text repeats
+itself, and quotes its prompt, often: gpt-wikitext2 continued the benchmark prompt's 64 tokens in ~28 passes (21
+checks of up to 3 drafts, 7 plain steps) instead of 63 (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from server.execution.runner import CausalLMRunner
+
+LONGEST_NGRAM = 3  # the longest suffix looked up: a longer match is likelier to go on as it did
+SHORTEST_NGRAM = 1  # the shortest: a lone repeated token still proposes what followed it
+
+
+class PromptLookup:
+    """An index of a token sequence's n-grams (n = 1..LONGEST_NGRAM), each to where its latest occurrence with a
+    continuation ends, extended as the sequence grows: a draft costs a few dictionary reads, not a scan."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after its latest occurrence
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the n-grams ending here now have a continuation: this token
+            for n in range(1, min(LONGEST_NGRAM, end) + 1):
+                self._ends[tuple(self.tokens[end - n : end])] = end
+            self.tokens.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the longest earlier occurrence of the sequence's last tokens."""
+        for n in range(min(LONGEST_NGRAM, len(self.tokens)), SHORTEST_NGRAM - 1, -1):
+            end = self._ends.get(tuple(self.tokens[-n:]))
+            if end is not None:
+                return self.tokens[end : end + limit]
+        return []
+
+
+def agreed(draft: list[int], greedy: list[int]) -> int:
+    """How many draft tokens the model agrees with: greedy[i] is its token after the pending one and draft[:i]."""
+    n = 0
+    while n < len(draft) and greedy[n] == draft[n]:
+        n += 1
+    return n
+
+
+def speculate(
+    runner: CausalLMRunner, lookup: PromptLookup, position: int, eos_bias: Callable[[int], float], limit: int
+) -> tuple[list[int], list[float], int] | None:
+    """A sequence's next tokens from one draft check: its pending token (the last of `lookup`, at `position` of
+    slot 0) and up to `limit` drafts in one pass (the runner's `verify`); the greedy token after the pending one
+    and after each draft token the model agreed with, their logprobs, and how many tokens were drafted.
+    eos_bias(i): the EOS bias of the token after the i-th. None where there is no draft, no draft check ready,
+    or the pass would run past the context: decode a step instead."""
+    width = runner.facts.verify_tokens
+    draft = lookup.draft(min(limit, width - 1))
+    if not draft or position + width > runner.facts.context_length:
+        return None
+    padded = [lookup.tokens[-1], *draft] + [draft[-1]] * (width - 1 - len(draft))  # what follows is not read
+    checked = runner.verify(padded, position, [eos_bias(i) for i in range(width)])
+    if checked is None:
+        return None
+    greedy, logprobs = checked
+    n = agreed(draft, greedy) + 1
+    return greedy[:n], logprobs[:n], len(draft)

@@ -1,0 +1,389 @@
+"""Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
+
+Three targets have buckets to compile: the GPT's decode step (server/execution/decoder/step.py: one per row
+count, its key columns a dynamic dimension), its prompts' pass (prompt_pass.py beside it: one graph, group size
+and prompt length dynamic) and the EsperBERTo encoder (server/execution/encoder_step.py). Each gives the compiler its
+buckets, the function to trace (`traced`; the GPT's also `regional`), and example inputs of a bucket's shapes;
+the compiler fills its `compiled` dict.
+
+A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
+region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
+layers (server/execution/decoder/prepacked.py), bound to the graph's direct call (SmolLM2-135M's shape, bf16,
+Zen 4: 27-35 s a bucket against ~100 s whole and frozen). Whole, on the CPU with inductor's freezing: the
+weights become constants, which the C++ GEMM template needs, and oneDNN's linear layers take their bias and
+activation: faster at every row count (SmolLM2's shape one row 5.8 against 15.2 ms, 32 rows 34.8 against 35.5;
+gpt-wikitext2's 32 rows 4.29 against 4.50), so on the CPU every bucket is then built whole too, and its frozen
+graph replaces the regional one: compiled steps from the first half-minute, the fastest ones later. Freezing is set in
+inductor's config around the first call (passed as torch.compile(options=...) it never takes effect). On
+CUDA a step is built regionally with inductor's defaults (Triton kernels), and the compute thread replays it as
+a CUDA graph per shape (server/execution/decoder/cuda_graphs.py).
+
+A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread
+has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked against
+the traced function run eagerly (the same kernels) before the engine may use it: a failure or a mismatch logs a
+line and leaves the bucket as it was. The engine then calls the built graph itself, not through dynamo
+(server/execution/graph_call.py). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form, pass and
+torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its cache. A frozen CPU
+graph holds oneDNN tensors, which inductor does not pickle: the CPU's frozen passes compile at every start, its
+regional ones come from the cache, as measured in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import hashlib
+import json
+import logging
+import threading
+import time
+import types
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+from typing import NamedTuple, Protocol, TypeVar
+
+import torch
+from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
+
+from models import cpu
+from server.execution.compute_thread import YieldToRequests
+from server.execution.graph_call import GraphCapture, skipping_guards
+
+log = logging.getLogger("tinyserve")
+T = TypeVar("T")
+
+
+class StepMismatchError(RuntimeError):
+    """The compiled function's output differs from the eager one's beyond the dtype's tolerance."""
+
+
+class Compilable(Protocol):
+    device: torch.device
+    dtype: torch.dtype  # of the weights: sets the tolerance
+    traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
+    # the decode step also has `regional`: the same function over a copy of its model whose blocks are one
+    # compile region (regional_copy), traced with the weights as graph inputs
+    compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]  # bucket -> compiled, when ready
+
+    def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs of the bucket's shapes, the same values at every call (the function may write to them)."""
+        ...
+
+    def matmul_rows(self, bucket: Hashable) -> int | None:
+        """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
+        ...
+
+
+# max |output difference| / (1 + max |output|): float32 is held to 1e-4; half precision rounds each op
+# at 3-4 significant digits, and a fused kernel rounds in other places than the eager ops
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: str = "native") -> str:
+    """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights'
+    form (native or int8), torch version, and on the CPU what it computes natively (models/cpu.py): a cache
+    on a volume shared by machines of two CPU classes must not hand one the other's graphs (inductor's own
+    cache, shared by an AVX2-emulated and a native process, aborted the native one in a graph's first run)."""
+    manifest = json.loads((folder / "manifest.json").read_text())["files"]
+    files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
+    form = [] if weights == "native" else [weights]
+    capability = [cpu.cpu_features().as_dict()] if device.type == "cpu" else []
+    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form, *capability], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
+# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32): the
+# one-row step of gpt-wikitext2 took 1.6 against 3.1 ms in bf16, 2.9 against 4.5 in float32; from 8 rows
+# the prepacked layers win (docs/BENCHMARKS.md). Without AVX-512 the template wins at every row count:
+# MKL's float32 GEMM took 1.7-2.9x its time at 8-32 rows on an AVX2 EPYC (bench/bench_cpu_gemm.py), and
+# oneDNN has no bf16 there. The template is the only choice offered, so nothing is benchmarked at compile time.
+TEMPLATE_GEMM_MAX_ROWS = 4
+PREPACKED = {"freezing": True}
+
+
+def template_serves(rows: int | None) -> bool:
+    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
+    that vary at run time, which the prepacked layers take: the template would need a choice for the
+    attention's batched products too)."""
+    return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
+
+
+def inductor_settings(device: torch.device, rows: int | None) -> dict:
+    """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
+    set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
+    the freezing decision was made, and the weights stay graph inputs (measured: no prepacked linear
+    appeared in the graph)."""
+    if device.type == "cuda":
+        return {}
+    if template_serves(rows):
+        return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    return dict(PREPACKED)
+
+
+def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The model, sharing every tensor, with every block's forward the same nested compile region, which the
+    compiler traces and builds for the first block and stamps out for the others (a 30-block Llama step on
+    the CPU, weights as graph inputs, an empty inductor cache: 28 against 68 s, the step as fast;
+    bench/bench_compile.py). The weights must be graph inputs: under freezing dynamo cannot lift them into the
+    region, so the model itself stays as it is for whole (frozen) graphs. Eager calls are unchanged (the
+    region is a no-op outside a compile)."""
+
+    def shallow(module: torch.nn.Module) -> torch.nn.Module:
+        clone = copy.copy(module)  # its own attributes, the same tensors
+        clone._modules = {name: shallow(child) for name, child in module._modules.items()}
+        return clone
+
+    regional = shallow(model)
+    region = torch.compiler.nested_compile_region(type(regional.blocks[0]).forward)
+    for block in regional.blocks:
+        block.forward = types.MethodType(region, block)
+    return regional
+
+
+def own_code(fn: Callable, name: str) -> Callable:
+    """fn with a code object of its own: dynamo keeps compiled graphs per code object, so each bucket's
+    graph is the only entry of its cache (no recompile limit to hit, no chain of guards per call)."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
+    """What a step returns, element by element: (dtype, shape), or the value of what is not a tensor."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    return [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in outputs]
+
+
+def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The floating-point outputs of a step, in float32: what is compared with eager (token ids chosen
+    from them may differ where two logits tie within the tolerance)."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    return [t.float() for t in outputs if t.is_floating_point()]
+
+
+# The compiler must not give the process a second OpenMP team while requests run. libgomp lets a team's
+# idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
+# compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
+# thread's worker fell asleep between two ops and every op paid its wake-up: an eager decode step took
+# twice its time while the server compiled. So inductor compiles on one
+# thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
+# ends with the bucket's build: libgomp frees a thread's team when the thread ends.
+
+
+@contextlib.contextmanager
+def one_openmp_thread() -> Iterator[None]:
+    """This thread's torch ops on one OpenMP thread (no team), its count set back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Inductor as torch.compile's backend, its own torch ops (freezing's constant folding) on one OpenMP
+    thread. Dynamo's guards record the thread count of the call around it, which the compute thread
+    matches: the count is set back before dynamo sees it."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with one_openmp_thread():
+        return compile_fx(graph, example_inputs)
+
+
+def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
+    """fn(*args) on a new thread that ends with it, gated as the caller is (server/execution/compute_thread.py,
+    YieldToRequests: requests go first); its result, or its exception raised here."""
+    outcome: list = []
+    gate = YieldToRequests.of_this_thread()
+
+    def run() -> None:
+        with gate.gating() if gate is not None else contextlib.nullcontext():
+            try:
+                outcome.append((True, fn(*args)))
+            except BaseException as e:  # handed to the caller
+                outcome.append((False, e))
+
+    thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-build", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+def buckets(limit: int, smallest: int = 1) -> list[int]:
+    """Sizes with their own shapes: smallest, doubling while below limit, then limit."""
+    sizes = [smallest]
+    while sizes[-1] * 2 < limit:
+        sizes.append(sizes[-1] * 2)
+    return [size for size in sizes if size < limit] + [limit]
+
+
+def settle_garbage() -> None:
+    """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
+    collections. Python's full collections traverse every tracked object and run on whichever thread
+    allocates, the compute thread too: while the store compiled they grew from 40 to over 800 ms a pass,
+    and a completion waited out one (0.78 s). This one runs on the compiling
+    thread, which waits for running requests first (YieldToRequests)."""
+    gc.collect()
+    gc.freeze()
+
+
+class Pass(NamedTuple):
+    """One graph to build: a target's bucket, whole (frozen on the CPU) or regional (the target's `regional`
+    function, its blocks one region, the weights graph inputs: quick to build)."""
+
+    target: Compilable
+    bucket: Hashable
+    regional: bool = False
+
+
+class BackgroundCompiler:
+    """Builds a model's passes (each a target's bucket: the decode step's row counts, the prompts' pass) in the
+    given order on a thread of its own; `start` returns at once. A later pass of a bucket replaces an earlier
+    one's graph when it is built (a frozen graph after the regional one)."""
+
+    def __init__(
+        self, passes: list[Pass | tuple], cache_dir: Path | None, key: str, threads: int | None = None
+    ) -> None:
+        self.passes = [Pass(*p) for p in passes]
+        self.targets = {p.bucket: p.target for p in self.passes}  # a bucket's passes are one target's
+        # the OpenMP threads the compiled code runs with (the compute thread's): inductor compiles on one
+        # (inductor_on_one_thread) and would size its loops to that
+        self.threads = threads or torch.get_num_threads()
+        self.cache_dir = cache_dir / key if cache_dir is not None else None
+        self.failed: dict[str, str] = {}  # pass label -> why it was not built
+        self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
+        self.done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="compiler", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def of(cls, target: Compilable, buckets: list[Hashable], *args, **kwargs) -> BackgroundCompiler:
+        """The compiler of one target's buckets, whole."""
+        return cls([Pass(target, bucket) for bucket in buckets], *args, **kwargs)
+
+    @property
+    def buckets(self) -> list[Hashable]:
+        return [p.bucket for p in self.passes]
+
+    def run(self) -> None:
+        """Build every pass in turn (on the calling thread)."""
+        threshold = gc.get_threshold()
+        # Python's own full collections made rare meanwhile (one per 100 younger ones, not 10): they would
+        # run on whatever thread allocates, and settle_garbage runs one between builds
+        gc.set_threshold(threshold[0], threshold[1], 100)
+        try:
+            settle_garbage()  # what loading left: the first build's collections then skip it
+            for target, bucket, regional in self.passes:
+                label = self.label(bucket, regional)
+                try:
+                    t = time.perf_counter()
+                    target.compiled[bucket] = on_own_thread(self.build, bucket, regional)
+                    self.seconds[label] = round(time.perf_counter() - t, 1)
+                    log.info("compiled %s in %.1f s", label, self.seconds[label])
+                except Exception as e:  # the client never sees this
+                    self.failed[label] = f"{type(e).__name__}: {e}"
+                    kept = "keeps its regional graph" if bucket in target.compiled else "stays eager"
+                    log.warning("%s not built, the bucket %s: %s", label, kept, self.failed[label])
+                settle_garbage()
+        finally:
+            gc.set_threshold(*threshold)
+            self.done.set()
+
+    def label(self, bucket: Hashable, regional: bool = False) -> str:
+        """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None), DecodeStep_1_regional: names the compiled
+        function and its cache file."""
+        name = type(self.targets[bucket]).__name__
+        if bucket is not None:
+            name += "_" + ("x".join(map(str, bucket)) if isinstance(bucket, tuple) else str(bucket))
+        return name + "_regional" if regional else name
+
+    def artifact(self, bucket: Hashable, regional: bool = False) -> Path | None:
+        return self.cache_dir / f"{self.label(bucket, regional)}.bin" if self.cache_dir is not None else None
+
+    @torch.inference_mode()
+    def build(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
+        """Compile one bucket, checked against the eager function, its compiler artifacts saved for the next
+        start: this build's alone (the record is per process: each file held every earlier build's too)."""
+        saved = self.artifact(bucket, regional)
+        with CacheArtifactManager.with_fresh_cache():
+            if saved is not None and saved.exists():
+                torch.compiler.load_cache_artifacts(saved.read_bytes())
+            compiled = self.checked(bucket, regional)
+            if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
+                try:
+                    saved.parent.mkdir(parents=True, exist_ok=True)
+                    saved.write_bytes(artifacts[0])
+                except OSError as e:  # e.g. a read-only file system: the step is built, only the cache is lost
+                    log.warning("could not cache %s: %s", saved, e)
+        return compiled
+
+    def checked(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
+        """The bucket's compiled function, after its outputs on scratch inputs matched the eager function's."""
+        target = self.targets[bucket]
+        if regional:  # inductor's defaults: nothing frozen, the products the eager model's (prepacked on the CPU)
+            try:
+                compiled, got = self.compile(bucket, {}, regional=True)
+            except Exception as e:
+                # torch 2.13 specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
+                # is built whole): one whole graph instead
+                log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
+                return self.checked(bucket)
+            return self.matching(bucket, target.regional, compiled, got)
+        settings = inductor_settings(target.device, target.matmul_rows(bucket))
+        fallback = PREPACKED if target.device.type == "cpu" else settings
+        try:
+            compiled, got = self.compile(bucket, settings)
+        except Exception as e:
+            if settings == fallback:
+                raise
+            # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
+            log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
+            compiled, got = self.compile(bucket, fallback)
+        return self.matching(bucket, target.traced, compiled, got)
+
+    def matching(
+        self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor], got: list[torch.Tensor]
+    ) -> Callable[..., torch.Tensor]:
+        """compiled, where its outputs `got` on the scratch inputs match the reference run eagerly on them."""
+        target = self.targets[bucket]
+        expected = floating(reference(*target.example(bucket)))
+        diff = max(float((g - e).abs().max() / (1 + e.abs().max())) for g, e in zip(got, expected, strict=True))
+        if diff > TOLERANCE[target.dtype]:
+            raise StepMismatchError(f"relative difference {diff:.1e} from eager > {TOLERANCE[target.dtype]:.0e}")
+        return compiled
+
+    def compile(
+        self, bucket: Hashable, settings: dict, regional: bool = False
+    ) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
+        """The bucket's compiled function, and its outputs on the scratch inputs (the first call compiles it,
+        the second runs it as the engine will: directly, the weights bound where they are graph inputs)."""
+        target = self.targets[bucket]
+        fn = own_code(target.regional if regional else target.traced, self.label(bucket, regional))
+        # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
+        config = dict(settings)
+        capture = GraphCapture("inductor")
+        if target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
+            capture, config["cpp.threads"] = GraphCapture(inductor_on_one_thread), self.threads
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
+        with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
+            example = target.example(bucket)
+        with torch._inductor.config.patch(config):
+            output = compiled(*example)
+        traced = floating(output)
+        direct = capture.direct(
+            fn, returns_tensor=isinstance(output, torch.Tensor), bind_weights=target.device.type == "cpu"
+        )
+        if direct is not None:
+            got = direct(*target.example(bucket))
+            if layout(got) == layout(output):
+                return direct, floating(got)
+            log.info("%s: its graph's outputs are not the function's; called through dynamo", self.label(bucket))
+        return skipping_guards(compiled), traced

@@ -1,0 +1,98 @@
+"""The linear layers of what runs uncompiled (prefills, decode steps not yet compiled), prepacked for
+oneDNN on the CPU (bf16 where oneDNN computes it; float32 without AVX-512).
+
+Until a row bucket's compiled step is ready (a minute or more after start-up), its requests run the
+eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call: the one-row
+step of gpt-wikitext2 took 5.2 ms against 4.1 ms with prepacked layers on the idle machine, 11.8
+against 5.8 ms with the machine busy, as it is while compiling.
+Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy of the model
+that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
+aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
+dequantized weight prepacked for the rest (a prompt's prefill).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import torch
+import torch.nn as nn
+
+from models import cpu
+from models.quantize import WeightOnlyInt8Linear, replace_linears
+
+# oneDNN's linear on a prepacked weight, an opaque call to inductor: its own lowering of oneDNN's op takes frozen
+# constants only, and a graph that takes the weights as inputs (compiler.py's regional builds) calls this.
+# Registered on the dispatcher directly: torch.library.custom_op's wrappers cost 10 against 4 us a call.
+LIBRARY = torch.library.Library("tinyserve", "DEF")
+LIBRARY.define("prepacked_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+
+
+def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+
+
+LIBRARY.impl("prepacked_linear", prepacked_linear, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("tinyserve::prepacked_linear", lib=LIBRARY)
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+# oneDNN lays a weight out for the rows it expects. float32 laid out for one row made gpt-wikitext2's eager step 1.5x
+# slower at 4 rows, 1.3x at 8 and 1.2x at 32 (AVX2-emulated, Zen 4) and one row no faster than laid out for 32; bf16
+# laid out for one row made the one-row head's product 1.3x faster and more rows no slower (Zen 4).
+PACKED_FOR_ROWS = {torch.float32: 32, torch.bfloat16: 1}
+
+
+class PrepackedLinear(nn.Module):
+    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
+
+    def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
+        super().__init__()
+        weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(linear.scales.dtype)
+        rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        linear = torch.ops.tinyserve.prepacked_linear.default if torch.compiler.is_compiling() else prepacked_linear
+        return linear(x, self.packed, self.bias)
+
+
+class PrepackedInt8Linear(nn.Module):
+    """An int8 layer as it is for few rows, its dequantized weight prepacked for more."""
+
+    def __init__(self, linear: WeightOnlyInt8Linear) -> None:
+        super().__init__()
+        self.int8, self.prepacked = linear, PrepackedLinear(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        return self.int8(x) if self.int8.kernel_serves(x) else self.prepacked(x)
+
+
+def prepacks(model: nn.Module) -> bool:
+    """Whether prepacking applies: bf16 weights where oneDNN computes bf16 (without AVX-512 its bf16
+    reorder raises), float32 weights on a CPU without AVX-512 (aten's float32 products go to MKL, whose
+    generic path on an AVX2 EPYC made an eager one-row step 12.5 ms against 8.4 prepacked, a 14-token
+    prefill 18.2 against 13.3 ms; with AVX-512 MKL's GEMM runs as it is). CUDA has no reorder."""
+    p = next(model.parameters())
+    if p.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    features = cpu.cpu_features()
+    if p.dtype == torch.bfloat16:
+        return features.onednn_bf16
+    return p.dtype == torch.float32 and not features.avx512
+
+
+def prepacked_copy(model: nn.Module) -> nn.Module:
+    """The model with every linear layer prepacked, sharing all its other parameters and buffers; the
+    model itself where prepacking does not apply or finds no linear layer."""
+    kinds = (nn.Linear, WeightOnlyInt8Linear)
+    if not prepacks(model) or not any(isinstance(m, kinds) for m in model.modules()):
+        return model
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    packed = replace_linears(copy.deepcopy(model, shared), PrepackedLinear)
+    return replace_linears(packed, PrepackedInt8Linear, kind=WeightOnlyInt8Linear)

@@ -1,0 +1,87 @@
+"""The prompts' pass (prefill) of the GPT over its static KV cache: eager, or one compiled graph for every shape.
+
+A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
+Both B and T are compiled dynamic, so one graph serves every group, on the CPU where inductor freezes the
+weights into prepacked linear layers that take any number of rows; one whole graph, not a regional one, whose
+dynamic sizes torch specialises (server/execution/compiler.py). bench/profile_step.py, Zen 4: gpt-wikitext2's 14-token
+prompt 3.2 -> 1.9 ms in bf16, 6.2 -> 4.0 ms in float32 AVX2-emulated; 32 of them 26.8 -> 21.4 and 47.7 -> 40.8
+ms. On CUDA the prompts stay eager: its graphs take the weights as inputs, so they run through
+dynamo, which specialises a dimension of size 1 and would recompile for a lone prompt on the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from models.gpt import GPT
+from models.kv_cache import StaticKVCache
+from server.execution.decoder.step import DecodeStep
+
+# (ids (B, T), positions (B, T), last (B,), *cache views (B, *, T, *)) -> next-token logits (B, vocab);
+# writes the prompts' keys and values into the views
+PromptFn = Callable[..., torch.Tensor]
+
+EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (sizes of 0 and 1 would specialise)
+
+
+def prompt_pass(model: GPT, n_layer: int) -> PromptFn:
+    """The prefill as a plain function of tensors (the form every compiler takes)."""
+
+    def prefill(ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
+        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
+        out = model.forward(ids, input_pos=positions, cache=StaticKVCache.from_tensors(cache, n_layer), logits_at=last)
+        return out.logits[:, 0]  # (B, vocab)
+
+    return prefill
+
+
+class PromptPass:
+    """The GPT's prefill, compiled once (bucket None: any rows, any prompt length) where the device allows it."""
+
+    def __init__(self, step: DecodeStep) -> None:
+        """Over the decode step's models (plain and prepacked) and cache, with its rounding dtype."""
+        self.device = step.device
+        self.dtype = step.dtype  # sets the compiled pass's tolerance
+        self.cache = step.cache
+        self.vocab_size = step.vocab_size
+        n_layer = step.model.config.n_layer
+        self.traced = prompt_pass(step.model, n_layer)  # what the compiler traces and checks against
+        self.uncompiled = prompt_pass(step.eager_model, n_layer)  # the prepacked copy's (prepacked.py)
+        self.compiled: dict[None, PromptFn] = {}  # None -> the compiled pass, added when ready
+
+    def buckets(self) -> list[None]:
+        """The one graph to build, where it can be called without dynamo (the CPU's frozen graphs)."""
+        return [None] if self.device.type == "cpu" else []
+
+    def matmul_rows(self, bucket: None) -> None:
+        return None  # any: a dynamic dimension
+
+    def example(self, bucket: None) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs strided as a live group's (right_padded's ids and positions, views of the cache's
+        slots), their group and prompt sizes dynamic."""
+        B, T = EXAMPLE_ROWS, EXAMPLE_TOKENS
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        ids = torch.randint(self.vocab_size, (B, T), generator=generator, device=self.device)
+        positions = torch.arange(T, device=self.device).expand(B, T)
+        last = torch.tensor([T - 1, T // 2], device=self.device)
+        full = [torch.zeros((B, *t.shape[1:]), dtype=t.dtype, device=self.device) for t in self.cache.tensors()]
+        cache = [t[:, :, :T] for t in full]
+        for t in (ids, positions):
+            torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(t, 1)
+        torch._dynamo.mark_dynamic(last, 0)
+        for t in cache:
+            torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(t, 2)
+        return ids, positions, last, *cache
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: StaticKVCache
+    ) -> torch.Tensor:
+        """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written into `cache`
+        (views of their slots, T columns). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
+        compiled = self.compiled.get(None)
+        fn = compiled if compiled is not None and ids.shape[1] > 1 else self.uncompiled
+        return fn(ids, positions, last, *cache.tensors())

@@ -1,0 +1,260 @@
+"""One decode step of the GPT over a static KV cache: eager, or compiled per batch-size bucket.
+
+The engine's running rows own slots 0..n-1 of the model's `StaticKVCache`. A step over n rows whose longest
+has p tokens runs on b rows (b in 1, 2, 4, ... max rows, padding rows included) and reads the first S
+key columns of each, S = p rounded up to a multiple of 16 (reading all `context` columns of every row
+cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
+column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
+Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
+a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/execution/decoder/cuda_graphs.py). Until
+a b's compiled step is ready (server/execution/compiler.py builds them off the request path), the step runs on a
+larger built bucket (`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers:
+server/execution/decoder/prepacked.py). The step takes
+the cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
+weights must see the cache as inputs it mutates, not as constants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from model_store import GPT
+from models.kv_cache import StaticKVCache
+from models.quantize import WeightOnlyInt8Linear
+from models.sampling import greedy_choice
+from server.execution.compiler import buckets, regional_copy
+from server.execution.decoder.cuda_graphs import CUDAGraphs
+from server.execution.decoder.prepacked import prepacked_copy
+from server.execution.runner import StepOutput
+
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, *cache tensors)
+#   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
+
+
+def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
+    """The decode step as a plain function of tensors (the form every compiler takes).
+
+    fused_attention: SDPA's one op (eager: 19 against 83 us a layer over 32 keys), or the explicit
+    product (compiled: inductor fuses it into the step, where SDPA's CPU flash kernel cost 4x as much).
+
+    The greedy choice is made on the graph (gpt-fast's sampling inside the step): the EOS logit gets
+    each row's bias (-inf before min_new_tokens), a constrained row's disallowed tokens are masked out
+    (structured output: server/features/constraints.py), then argmax, with the token's logprob under the model.
+    Only those cross to Python for a greedy row; the logits are there for the rows the batch sampler
+    handles.
+    """
+    eos_id = model.config.eos_token_id
+
+    def step(
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        eos_bias: torch.Tensor,
+        allowed: torch.Tensor,
+        *cache: torch.Tensor,
+    ):
+        static = StaticKVCache.from_tensors(cache, n_layer)
+        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
+        out = model.forward(tokens, input_pos=positions, cache=static, fused_attention=fused_attention)
+        logits = out.logits[:, -1]  # (b, vocab)
+        return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
+
+    return step
+
+
+def compile_order(row_buckets: list[int], max_rows: int) -> list[int]:
+    """The row buckets of at most max_rows rows: the smallest (the most used at low load), the largest (full
+    load), then the rest. Until a bucket is built, its steps may run padded on a larger built one
+    (`DecodeStep.padding_limit`), so two builds serve most loads compiled: a 30-layer model's bucket took
+    2.5 minutes on an H200 (torch 2.11), 1.5-2 on 2 Zen 4 cores."""
+    order = [b for b in row_buckets if b <= max_rows]
+    return order[:1] + order[-1:] + order[1:-1] if len(order) > 2 else order
+
+
+class StepInputs:
+    """A row bucket's inputs besides the cache, preallocated and written in place each step (what a compiled
+    graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
+    tokens (b, vocab) bool.
+
+    A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (1 against
+    17 us a step through torch), on CUDA views of pinned twins, copied to the device without a
+    synchronisation (each pageable copy waited for the device: three waits a step)."""
+
+    def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
+        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.eos_bias = torch.zeros(rows, device=device)
+        self.allowed = torch.ones((rows, vocab_size), dtype=torch.bool, device=device)
+        self.masked: set[int] = set()  # the rows of `allowed` that are not all True
+        host = self.tensors() if device.type == "cpu" else tuple(pinned_like(t) for t in self.tensors())
+        self.uploads = [] if device.type == "cpu" else list(zip(host, self.tensors(), strict=True))  # (host, device)
+        self.arrays = tuple(t.numpy() for t in host)  # made once
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.tokens, self.positions, self.eos_bias, self.allowed
+
+    def write(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> None:
+        """A step's values into rows 0..n-1; padding rows write to column 0 of free slots, which a prefill
+        overwrites. Only the rows with a mask, and those that had one, touch `allowed`."""
+        n = len(tokens)
+        tok, pos, bias, ok = self.arrays
+        tok[:n, 0] = tokens
+        pos[:n, 0] = positions
+        pos[n:] = 0
+        bias[:n] = eos_bias
+        masks = {i: m for i, m in enumerate(allowed) if m is not None}
+        touched = bool(masks or self.masked)
+        if touched:
+            for i in self.masked - masks.keys():
+                ok[i] = True
+            for i, m in masks.items():
+                ok[i] = m
+            self.masked = set(masks)
+        # pinned twins are rewritten only after the last step's outputs were read back (DecodeStep.read_back),
+        # i.e. after the device finished these copies
+        for h, t in self.uploads[: 4 if touched else 3]:
+            t.copy_(h, non_blocking=True)
+
+
+def pinned_like(t: torch.Tensor) -> torch.Tensor:
+    """A page-locked host copy of t: the device copies from and to it without the host waiting."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
+def rounding_dtype(model: GPT) -> torch.dtype:
+    """The coarsest dtype the step's products round to: the weights', or bf16 where int8 layers give
+    their kernel bf16 activations (models/quantize.py)."""
+    dtypes = {next(model.parameters()).dtype}
+    dtypes |= {m.kernel_dtype for m in model.modules() if isinstance(m, WeightOnlyInt8Linear)}
+    return max(dtypes, key=lambda d: torch.finfo(d).eps)
+
+
+class DecodeStep:
+    def __init__(self, model: GPT, max_rows: int) -> None:
+        self.model = model
+        self.max_rows = max_rows
+        self.row_buckets = buckets(max_rows)
+        self.context = model.config.context_length
+        self.device = next(model.parameters()).device
+        self.dtype = rounding_dtype(model)  # sets the compiled step's tolerance
+        # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
+        # traces the plain model's step
+        self.eager_model = prepacked_copy(model)
+        self.uncompiled = eager_step(self.eager_model, model.config.n_layer, fused_attention=True)
+        with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
+            # one spare column: every view of the first S <= context columns is then strided alike; a view
+            # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
+            self.cache = model.new_cache(max_rows, columns=self.context + 1)
+        # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
+        # plain model as one whole graph (frozen on the CPU), or regionally (compiler.py, regional_copy):
+        # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU);
+        # a 30-layer model's bucket took minutes otherwise
+        self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
+        self.regional_model = regional_copy(self.eager_model)
+        self.regional = eager_step(self.regional_model, model.config.n_layer, fused_attention=False)
+        self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
+        self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
+        # how many times its rows a step may be padded to run on a built bucket while its own builds. CUDA: any
+        # (launch-bound: H200, our GPT, 0.216 ms a compiled step at one row, 0.283 at 32; eager 10x slower).
+        # CPU: 4 (SmolLM2-135M's shape, bf16, Zen 4: eager 31-35 ms at 1-4 rows, 42 at 8, 67 at 16; the
+        # compiled 32-row step 38 ms)
+        self.padding_limit = math.inf if self.device.type == "cuda" else 4
+        self.vocab_size = model.config.vocab_size
+        self._rows: dict[int, StepInputs] = {}
+        self._host_outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> pinned (greedy, logprobs), CUDA
+        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def bucket(self, rows: int, longest: int) -> tuple[int, int]:
+        """The (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
+        columns = min(self.context, -(-longest // COLUMN_STEP) * COLUMN_STEP)
+        return next(b for b in self.row_buckets if b >= rows), columns
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.cache.move(src, dst, length)
+
+    def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
+        """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
+        cache views (b, *, S, *)."""
+        if rows not in self._rows:
+            self._rows[rows] = StepInputs(rows, self.vocab_size, self.device)
+        if (rows, columns) not in self._views:
+            self._views[rows, columns] = self.cache.view(rows, columns).tensors()
+        return *self._rows[rows].tensors(), *self._views[rows, columns]
+
+    def compile_order(self, max_rows: int) -> list[int]:
+        return compile_order(self.row_buckets, max_rows)
+
+    def freezes(self, rows: int) -> bool:
+        """Whether the bucket gets a whole frozen graph after its regional one: on the CPU, where it is faster
+        (server/execution/compiler.py)."""
+        return self.device.type == "cpu"
+
+    def matmul_rows(self, rows: int) -> int:
+        return rows  # one token a row
+
+    def example(self, rows: int) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
+        # fail on the compute thread and recompile there, on the request path
+        shapes = [(rows, *t.shape[1:]) for t in self.cache.tensors()]
+        full = [
+            torch.randn(shape, generator=generator, device=self.device).to(t.dtype)
+            for shape, t in zip(shapes, self.cache.tensors(), strict=True)
+        ]
+        _, columns = self.bucket(rows, self.context // 2 + 1)
+        cache = [t[:, :, :columns] for t in full]
+        if self.context > COLUMN_STEP:  # more than one column count: one graph for all of them
+            for t in cache:
+                torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.context)
+        tokens = torch.arange(rows, device=self.device).view(rows, 1)
+        positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
+        eos_bias = torch.zeros(rows, device=self.device)
+        allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
+        return tokens, positions, eos_bias, allowed, *cache
+
+    def __call__(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
+        """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
+        n = len(tokens)
+        rows, columns = self.bucket(n, max(positions) + 1)
+        if rows not in self.compiled:  # the smallest larger built bucket within the padding limit, if any
+            rows = next(
+                (b for b in self.row_buckets if rows < b <= n * self.padding_limit and b in self.compiled), rows
+            )
+        inputs = self.inputs(rows, columns)
+        self._rows[rows].write(tokens, positions, eos_bias, allowed)
+        if compiled := self.compiled.get(rows):
+            # the graph itself where it can be (compiler.py, GraphCapture), built for inputs strided as these
+            if self.graphs is not None:
+                outputs = self.graphs((rows, columns), compiled, *inputs)
+            else:
+                outputs = compiled(*inputs)
+            greedy, logprobs, logits = outputs
+        else:
+            greedy, logprobs, logits = self.uncompiled(*inputs)
+        greedy, logprobs = self.read_back(rows, greedy, logprobs)
+        return StepOutput(greedy[:n].tolist(), logprobs[:n].tolist(), logits[:n])
+
+    def read_back(self, rows: int, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's outputs on the host. On CUDA: copied into pinned twins without blocking, then one wait
+        for the stream (each `.tolist()` of a device tensor waits once)."""
+        if self.device.type != "cuda":
+            return outputs
+        if rows not in self._host_outputs:
+            self._host_outputs[rows] = tuple(pinned_like(t) for t in outputs)
+        host = self._host_outputs[rows]
+        for h, t in zip(host, outputs, strict=True):
+            h.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host

@@ -1,0 +1,102 @@
+"""The GPT's draft check: one sequence's pending token and the draft tokens after it in one pass over the static
+KV cache, with the greedy choice after each (speculative decoding's verification, server/engine/speculation.py).
+
+A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
+so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
+GEMM template's (compiler.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
+product's batched matmul of several queries has no template choice (torch 2.13 raised NoValidChoicesError, and
+the build fell back to MKL's products, the slowest on AVX2). One graph, the key columns dynamic as the decode
+step's, built on the CPU after the decode buckets; until it is built (and on CUDA, where it is not) the runner has
+no draft check and the engine decodes step by step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from models.gpt import GPT
+from models.kv_cache import StaticKVCache
+from models.sampling import greedy_choice
+from server.execution.decoder.step import COLUMN_STEP, DecodeStep
+
+VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
+
+# (tokens (1, T), positions (1, T), eos_bias (1, T), *cache views (1, *, S, *)) -> (greedy (T,), logprobs (T,));
+# writes the T tokens' keys and values at their positions
+VerifyFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def verify_pass(model: GPT, n_layer: int) -> VerifyFn:
+    """The draft check as a plain function of tensors (the form every compiler takes)."""
+    eos_id = model.config.eos_token_id
+
+    def verify(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
+        static = StaticKVCache.from_tensors(cache, n_layer)
+        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
+        out = model.forward(tokens, input_pos=positions, cache=static)
+        return greedy_choice(out.logits[0], eos_bias[0], eos_id)  # (T,), (T,)
+
+    return verify
+
+
+class VerifyPass:
+    """The draft check of the sequence in slot 0, over the decode step's models and cache; compiled once."""
+
+    BUCKET = (1, VERIFY_TOKENS)  # (rows, tokens): a key of its own among the compiler's buckets
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.step = step  # its cache, context and column buckets
+        self.device = step.device
+        self.dtype = step.dtype  # sets the compiled pass's tolerance
+        n_layer = step.model.config.n_layer
+        self.traced = verify_pass(step.model, n_layer)  # what the compiler traces and checks against
+        self.uncompiled = verify_pass(step.eager_model, n_layer)
+        self.compiled: dict[tuple[int, int], VerifyFn] = {}  # BUCKET -> the compiled pass, added when ready
+        self._inputs = (
+            torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # tokens
+            torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # positions
+            torch.zeros((1, VERIFY_TOKENS), device=self.device),  # EOS bias
+        )
+        self._arrays = tuple(t.numpy() for t in self._inputs) if self.device.type == "cpu" else ()
+        self._views: dict[int, list[torch.Tensor]] = {}  # columns -> slot 0's cache views
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """The one graph to build, on the CPU (CUDA's steps are graphs replayed per shape: not built there)."""
+        return [self.BUCKET] if self.device.type == "cpu" else []
+
+    def matmul_rows(self, bucket: tuple[int, int]) -> int:
+        return bucket[0] * bucket[1]
+
+    def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        _, columns = self.step.bucket(1, self.step.context // 2 + 1)
+        full = [
+            torch.randn((1, *t.shape[1:]), generator=generator, device=self.device).to(t.dtype)
+            for t in self.step.cache.tensors()
+        ]
+        cache = [t[:, :, :columns] for t in full]
+        for t in cache:
+            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.step.context)
+        tokens = torch.randint(self.step.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
+        positions = torch.arange(VERIFY_TOKENS, device=self.device).view(1, -1) + columns // 2
+        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache
+
+    def __call__(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
+        """The greedy token (its EOS bias applied) after each of tokens (VERIFY_TOKENS of them, the first at
+        `position` of slot 0) and its logprob; their keys and values written. None until the pass is compiled."""
+        compiled = self.compiled.get(self.BUCKET)
+        if compiled is None:
+            return None
+        _, columns = self.step.bucket(1, position + VERIFY_TOKENS)
+        tok, pos, bias = self._arrays
+        tok[0] = tokens
+        pos[0] = np.arange(position, position + VERIFY_TOKENS)
+        bias[0] = eos_bias
+        if columns not in self._views:
+            self._views[columns] = self.step.cache.view(1, columns).tensors()
+        greedy, logprobs = compiled(*self._inputs, *self._views[columns])
+        return greedy.tolist(), logprobs.tolist()

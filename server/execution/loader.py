@@ -1,0 +1,72 @@
+"""Model runners, one per model family, behind one protocol (base.py). `load_runner` picks the family
+from the checkpoint's architecture (model_store.architecture_of)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("tinyserve")
+
+# architecture (model_store.architecture_of) -> the loader of its runner
+CAUSAL_ARCHITECTURES = ("decoder", "causal-lm")
+
+
+def load_runner(
+    architecture: str,
+    folder: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_rows: int,
+    weights: str = "native",
+    max_context: int | None = None,
+    kv_cache_mb: int | None = None,
+):
+    """The runner of a validated checkpoint folder, its weights on device in dtype (linear layers in
+    int8 when weights == "int8"), its positions capped at max_context and by what max_rows slots of
+    kv_cache_mb hold."""
+    import json
+
+    from model_store import CheckpointError, load_causal_lm, load_gpt
+    from models.quantize import quantize_int8
+
+    quantize = quantize_int8 if weights == "int8" else (lambda model: model)
+    budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
+    if architecture == "decoder":  # ours, or a family model_store/families.py maps onto it
+        from server.execution.decoder.runner import GPTRunner, fit_context
+
+        model, tokenizer = load_gpt(folder, device, dtype, max_context)
+        family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
+        full = model.config.context_length
+        try:
+            model.config = replace(model.config, context_length=fit_context(model, max_rows, budget))
+        except ValueError as e:
+            raise CheckpointError(folder, str(e)) from None
+        runner = GPTRunner(quantize(model), tokenizer, max_rows, family)
+        return cut_context_logged(runner, folder, full, kv_cache_mb)
+    if architecture == "causal-lm":
+        from server.execution.hf_causal import HFCausalLMRunner, served_context
+
+        log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
+        model, tokenizer = load_causal_lm(folder, device, dtype)
+        model = quantize(model)
+        try:
+            runner = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
+        except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint
+            raise CheckpointError(folder / "config.json", str(e)) from None
+        return cut_context_logged(runner, folder, served_context(model.config, max_context), kv_cache_mb)
+    raise CheckpointError(folder / "config.json", f"no runner for architecture {architecture!r}")
+
+
+def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None):
+    """The runner, after one start-up line where kv_cache_mb cut its slots' context."""
+    if runner.facts.context_length < full:
+        log.warning(
+            "%s: %d positions a slot (of %d): %d slots fill kv_cache_mb=%d",
+            folder.name, runner.facts.context_length, full, runner.facts.slots, kv_cache_mb,
+        )  # fmt: skip
+    return runner
+

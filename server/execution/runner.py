@@ -1,0 +1,177 @@
+"""The model-runner seam: what the engine, inspection, service and routers need from a causal language
+model, whatever its family (our GPT, a transformers causal LM). A new family is one class with these
+methods, registered in server/execution/__init__.py (docs/ADDING_A_MODEL_FAMILY.md).
+
+Slots: the engine keeps up to `max_rows` running sequences; sequence i of a decode step lives in slot
+i. A runner stores each slot's keys and values in static buffers (our decoder: its `StaticKVCache`; a
+transformers model: `SlotCache`), says how many slots it has (`facts.slots`), and the engine only names
+slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+class TextCodec(Protocol):
+    """Text <-> token ids: encode puts the checkpoint's start-of-sequence tokens (`prefix`, e.g. Llama's
+    BOS) before a text and nothing after it; decode shows no special tokens (end-of-text decodes to '')."""
+
+    prefix: list[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def start_tokens(plain: list[int], full: list[int]) -> list[int]:
+    """The special tokens a tokenizer puts before a text (a BOS, or none), from one probe text's ids
+    encoded without and with its special tokens (a template may append an end-of-sequence token too)."""
+    starts = [i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain]
+    return full[: starts[0]] if plain and starts else []
+
+
+PROBE = "Hello world"  # encodes to ids in every tokenizer
+
+
+@dataclass(frozen=True)
+class RunnerFacts:
+    """What the layers above show and check: limits, vocabulary, attention shape."""
+
+    family: str  # "gpt" (ours) or the checkpoint's transformers architecture, e.g. "LlamaForCausalLM"
+    context_length: int
+    vocab_size: int
+    eos_id: int
+    layers: int
+    heads: int
+    normaliser: str  # the attention normaliser: softmax0 or softmax1
+    attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
+    config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
+    kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
+    slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
+    verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
+
+
+def context_within(per_position: int, rows: int, context: int, budget_bytes: int | None, spare: int = 0) -> int:
+    """The positions each of `rows` slots keeps so that rows x (positions + spare) x per_position bytes of
+    keys and values fit the KV budget (kv_cache_mb): the context, or less (a multiple of 16), as llama.cpp
+    splits its context over its slots; ValueError below 16."""
+    if budget_bytes is None or rows * (context + spare) * per_position <= budget_bytes:
+        return context
+    fits = (budget_bytes // (rows * per_position) - spare) // 16 * 16
+    if fits < 16:
+        need = -(-rows * (16 + spare) * per_position // 2**20)
+        raise ValueError(f"kv_cache_mb: {rows} slots of 16 positions need {need} MB ({per_position} bytes a position)")
+    return fits
+
+
+def right_padded(
+    slots: list[int], prompts: list[list[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill group as one batch: ids (B, T) right-padded with `pad`, positions (B, T) and each row's
+    last index (B,). Its slots must be consecutive (the batch writes slots[0]..slots[0]+B-1)."""
+    if slots != list(range(slots[0], slots[0] + len(slots))):
+        raise ValueError(f"prefill slots must be consecutive, got {slots}")
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+    positions = torch.arange(T, device=device).expand(len(prompts), T)
+    last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+    return ids.to(device), positions, last
+
+
+@dataclass
+class StepOutput:
+    """A decode step's result for n rows: each row's greedy next token (its EOS bias applied) and that
+    token's logprob under the model, and the raw logits (n, vocab) in the runner's device and dtype,
+    from which the engine samples the rows that are not greedy."""
+
+    greedy: list[int]
+    logprobs: list[float]
+    logits: torch.Tensor
+
+
+@dataclass
+class TokenLogprobs:
+    """log p(ids[t] | ids[:t]) for t = 1..T-1 of a sequence, with the top alternatives at each position."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]  # per position: (token id, logprob), most likely first
+
+
+class CausalLMRunner(Protocol):
+    facts: RunnerFacts
+    tokenizer: TextCodec
+    model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
+
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Run each prompt into its slot (the engine gives consecutive free slots); next-token logits
+        (n, vocab), float32 on the CPU."""
+        ...
+
+    def decode(
+        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+    ) -> StepOutput:
+        """One step for the sequences in slots 0..n-1: token i is at position i; eos_bias[i] is added to
+        row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
+        (a constraint's mask; None: any token)."""
+        ...
+
+    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
+        """The draft check of the sequence in slot 0 (where facts.verify_tokens > 0): its pending token and drafts,
+        facts.verify_tokens of them from `position`, in one pass; the greedy token after each (eos_bias[i] added to
+        the end-of-text logit after token i) and its logprob. None where no fast pass is ready: decode instead."""
+        ...
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Slot src's first `length` positions now belong to slot dst (the engine compacts its batch)."""
+        ...
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """Every position's next-token logits (T, vocab) of one sequence, no cache: scoring."""
+        ...
+
+    def attention(self, ids: list[int]) -> list[torch.Tensor]:
+        """Per layer, the (heads, T, T) attention weights of one sequence."""
+        ...
+
+    def compile_passes(self, max_rows: int) -> list[tuple[object, Hashable]]:
+        """What server/execution/compiler.py builds for this model, in build order: (target, bucket) pairs, e.g. the
+        fixed-shape decode step's buckets of at most max_rows rows; empty when the family has none."""
+        ...
+
+
+@torch.inference_mode()
+def token_logprobs(runner: CausalLMRunner, ids: list[int], top_n: int) -> TokenLogprobs:
+    """log p(ids[t] | ids[:t]) for t >= 1 and the top alternatives at each position. /score and the echoed
+    prompts of /v1/completions both read their logprobs here.
+
+    A sequence longer than the context is read in windows of the context length that advance by half
+    of it; each token is scored in the first window that gives it at least half a context before it
+    (all of its tokens, near the start), as training/evaluate.py's perplexity does."""
+    L = runner.facts.context_length
+    stride = max(1, L // 2)
+    logprobs: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    start = 0
+    while len(logprobs) < len(ids) - 1:
+        window = ids[start : start + L]
+        first = len(logprobs) + 1 - start  # the window's first target not scored yet
+        logp = torch.log_softmax(
+            runner.logits(window)[first - 1 : -1].float(), dim=-1
+        )  # row r predicts window[first + r]
+        targets = torch.tensor(window[first:], device=logp.device)
+        logprobs += logp[torch.arange(len(targets), device=logp.device), targets].tolist()
+        if top_n:
+            vals, alt = logp.topk(top_n, dim=-1)
+            top += [list(zip(a, v, strict=True)) for a, v in zip(alt.tolist(), vals.tolist(), strict=True)]
+        else:
+            top += [[] for _ in range(len(targets))]
+        start += stride
+    return TokenLogprobs(logprobs, top)

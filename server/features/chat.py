@@ -1,0 +1,117 @@
+"""Chat: a conversation rendered by the checkpoint's own chat template into a prompt, as transformers
+renders it (its sandboxed Jinja, `add_generation_prompt`), and the tokens that end a reply.
+
+The template comes from the checkpoint's tokenizer_config.json (`chat_template`) or a chat_template.jinja
+beside it; a model without one is refused (no made-up template).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from models.sampling import SamplingParams
+from server.config import Settings
+from server.errors import APIError
+from server.features.completion import CompletionJob, check_logit_bias, find_model, fit_prompt
+from server.serving.registry import ModelRegistry, ServedModel
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str  # Jinja
+    special: dict[str, str]  # bos_token, eos_token, ... as the template reads them
+    end_of_turn: tuple[str, ...]  # the tokens (as text) that end an assistant's turn
+    eos_ids: tuple[int, ...]  # and generation_config.json's eos_token_id(s)
+
+
+def token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def chat_template(folder: Path) -> ChatTemplate | None:
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    source = config.get("chat_template")
+    if isinstance(source, list):  # named templates: the default one
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    if not source and (folder / "chat_template.jinja").exists():
+        source = (folder / "chat_template.jinja").read_text()
+    if not isinstance(source, str) or not source:
+        return None
+    special = {k: t for k in ("bos_token", "eos_token", "unk_token", "pad_token") if (t := token_text(config.get(k)))}
+    generation = folder / "generation_config.json"
+    eos = json.loads(generation.read_text()).get("eos_token_id") if generation.exists() else None
+    eos_ids = tuple(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return ChatTemplate(source, special, tuple(t for t in [special.get("eos_token")] if t), eos_ids)
+
+
+def end_of_turn_ids(m: ServedModel, template: ChatTemplate) -> list[int]:
+    """The ids that end a reply: the tokenizer's end-of-sequence token and generation_config's eos ids."""
+    codec = m.runner.tokenizer
+    ids = set()
+    for text in template.end_of_turn:
+        encoded = codec.encode(text)[len(codec.prefix) :]
+        if len(encoded) == 1:
+            ids.add(encoded[0])
+    ids |= set(template.eos_ids)
+    ids.discard(m.runner.facts.eos_id)  # already ends every request
+    return sorted(i for i in ids if 0 <= i < m.runner.facts.vocab_size)
+
+
+def render(template: ChatTemplate, messages: list[dict]) -> str:
+    """The conversation as the prompt of the assistant's next turn (transformers' own renderer)."""
+    from transformers.utils.chat_template_utils import render_jinja_template  # 2 s import: at the first chat
+
+    try:
+        rendered = render_jinja_template([messages], chat_template=template.source, add_generation_prompt=True,
+                                         **template.special)  # fmt: skip
+    except Exception as e:  # a template's own raise_exception(), or one that cannot render these messages
+        raise APIError(422, f"messages: the model's chat template refused them ({e})", "messages") from None
+    rendered = rendered[0] if isinstance(rendered, tuple) else rendered  # (texts, generation indices)
+    return rendered[0] if isinstance(rendered, list) else rendered  # one conversation
+
+
+def prepare_chat(
+    registry: ModelRegistry, settings: Settings, model_id: str, messages: list[dict], request
+) -> CompletionJob:
+    """A chat request (its schema converts itself to sampling parameters) as a completion job."""
+    return prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings))
+
+
+def template_of(m: ServedModel) -> ChatTemplate:
+    template = chat_template(m.folder)
+    if template is None:
+        raise APIError(
+            422, f"model: {m.id} has no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
+            "model",
+        )  # fmt: skip
+    return template
+
+
+def prepare_chat_job(
+    registry: ModelRegistry, settings: Settings, model_id: str | None, messages: list[dict], params: SamplingParams
+) -> CompletionJob:
+    """The rendered conversation as a completion job, checked as every prompt is; the reply ends at the
+    model's end-of-turn tokens."""
+    m = find_model(registry, model_id, "causal", "model")
+    template = template_of(m)
+    params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *end_of_turn_ids(m, template)}))
+    check_logit_bias(m, params.logit_bias, "logit_bias")
+    text = render(template, messages)
+    if len(text) > settings.max_prompt_chars:
+        limit = settings.max_prompt_chars
+        raise APIError(422, f"messages: the conversation is {len(text)} characters; the limit is {limit}", "messages")
+    codec = m.runner.tokenizer
+    ids = codec.encode(text)[len(codec.prefix) :]  # the template writes its own start tokens
+    return CompletionJob(m, fit_prompt(m, ids, settings, None, "messages"), params)
+
+
+def chats(m: ServedModel) -> bool:
+    return m.kind == "causal" and chat_template(m.folder) is not None
