@@ -173,7 +173,7 @@ class Predictor(BasePredictor):
                 fill_mask, m, prompt.replace("[MASK]", m.tokenizer.mask_token), top_n, None
             )
             per_mask = result if isinstance(result[0], list) else [result]
-            yield f"{m.id} ({m.normaliser})\n"
+            yield f"{m.id} ({m.facts.normaliser})\n"
             for i, candidates in enumerate(per_mask, 1):
                 row = ", ".join(f"{c['token_str'].strip()!r} {c['score']:.3f}" for c in candidates)
                 yield f"  mask {i}: {row}\n"

@@ -108,7 +108,7 @@ def fill_mask_latency(folder: Path, rounds: int) -> dict:
 def mlm_checkpoint() -> tuple[Path, str]:
     """A shipped EsperBERTo checkpoint, or a rotary-small one with random weights in a temp folder."""
     for info in list_checkpoints():
-        if info.ok and info.architecture == "mlm":
+        if info.ok and info.family.kind == "mlm":
             return info.path, info.id
     from model_store.store import write_manifest
     from training import SHARED_DATA

@@ -4,7 +4,7 @@ of the engine alone (no HTTP), 1 and 8 greedy streams, 64 new tokens after a 20-
     .venv/bin/python bench/bench_slow_path.py [--kind opt] [--streams 1,8] [--dtype float32]
 
 A random model at OPT-125M's shape (12 x 768, our 16k vocabulary) is saved, added to a scratch store and
-served by `load_runner("causal-lm", ...)`. To compare two versions of the runner, run this file with
+served by `load_runner("transformers", ...)`. To compare two versions of the runner, run this file with
 TINYSERVE_CHECKOUT=<another checkout> (a git worktree): it imports the server from there.
 """
 
@@ -76,7 +76,7 @@ def main() -> None:
         build(args.kind, Path(tmp) / "src")
         folder = add_checkpoint(Path(tmp) / "src", args.kind, Path(tmp) / "store")
         streams = [int(s) for s in args.streams.split(",")]
-        runner = load_runner("causal-lm", folder, torch.device("cpu"), getattr(torch, args.dtype), max(streams))
+        runner = load_runner("transformers", folder, torch.device("cpu"), getattr(torch, args.dtype), max(streams))
         engine = GenerationEngine(runner, max_batch_size=max(streams))
         engine.start()
         try:

@@ -1,4 +1,6 @@
-"""Which checkpoints the store accepts, what loads each and which runner serves it: the one table.
+"""Which checkpoints the store accepts, what loads each, which runner serves it and which llama.cpp
+architecture computes it: the one table (`FAMILIES`); loading, GGUF files both ways, export and the
+runner choice all read it.
 
 Our decoder (models/gpt.py) serves our own GPT and the transformers families mapped onto it here, as
 gpt-fast and llama.cpp do: the checkpoint's config becomes a GPTConfig and its weights are renamed,
@@ -27,10 +29,30 @@ class MissingTensor(LookupError):
 
 
 @dataclass(frozen=True)
+class GGUFArch:
+    """A llama.cpp architecture as our decoder's settings (model_store/gguf_files.py reads and writes it)."""
+
+    settings: dict  # GPTConfig fields it fixes
+    rope_pairs: str | None  # the channel pairs it rotates; None: learned positions
+    fused_qkv: bool  # one attn_qkv tensor, or attn_q, attn_k, attn_v
+
+
+@dataclass(frozen=True)
 class Family:
-    kind: str  # "decoder": our decoder (GPTRunner); "causal-lm": transformers (HFCausalLMRunner); "mlm": fill-mask
-    config: Callable[[dict, int | None], GPTConfig] | None = None  # transformers config -> ours (kind "decoder")
+    """A kind of checkpoint: what serves it, the transformers classes it answers to, how its config and weights
+    become our decoder's, and the llama.cpp architecture of the same name (GGUF files in and out)."""
+
+    name: str  # our GPT: "gpt"; a mapped family: its llama.cpp architecture's name
+    runner: str  # "decoder": our decoder (GPTRunner); "transformers": transformers' causal LM; "fill-mask"
+    architectures: tuple[str, ...] = ()  # the names in a transformers config.json's `architectures`
+    config: Callable[[dict, int | None], GPTConfig] | None = None  # transformers config -> ours
     weights: Callable[[dict[str, torch.Tensor], GPTConfig], dict[str, torch.Tensor]] | None = None
+    gguf: GGUFArch | None = None  # what llama.cpp's architecture `name` computes
+
+    @property
+    def kind(self) -> str:
+        """What a served model of this family does: "causal" (completion, score, attention) or "mlm" (fill-mask)."""
+        return "mlm" if self.runner == "fill-mask" else "causal"
 
 
 def rope_settings(cfg: dict, partial_default: float = 1.0) -> tuple[float, dict | None, float]:
@@ -251,32 +273,44 @@ def with_head(out: dict, state: dict, config: GPTConfig, *names: str) -> dict[st
     return out
 
 
-OURS = Family("decoder")
-TRANSFORMERS_CAUSAL_LM = Family("causal-lm")  # any other *ForCausalLM / *LMHeadModel: transformers, slow
-LLAMA = Family("decoder", llama_config, llama_weights)
-FAMILIES: dict[str, Family] = {
-    "LlamaForCausalLM": LLAMA,
-    "MistralForCausalLM": LLAMA,
-    "Qwen2ForCausalLM": LLAMA,
-    "Qwen3ForCausalLM": LLAMA,
-    "GPT2LMHeadModel": Family("decoder", gpt2_config, gpt2_weights),
-    "GPTNeoXForCausalLM": Family("decoder", neox_config, neox_weights),
-    "RobertaForMaskedLM": Family("mlm"),
-    "ModernBertForMaskedLM": Family("mlm"),
-}
+ROPE = dict(positions="rope", parallel_residual=False)
+SWIGLU = dict(ROPE, norm="rmsnorm", mlp="swiglu")
+FAMILIES: tuple[Family, ...] = (
+    Family("gpt", "decoder"),  # ours: config.json says "architecture": "gpt"; GGUF: gguf_architecture(config)
+    Family("llama", "decoder", ("LlamaForCausalLM", "MistralForCausalLM"), llama_config, llama_weights,
+           GGUFArch(dict(SWIGLU, qk_norm=False), "interleaved", False)),
+    Family("qwen2", "decoder", ("Qwen2ForCausalLM",), llama_config, llama_weights,
+           GGUFArch(dict(SWIGLU, qk_norm=False), "half", False)),  # q, k, v biases
+    Family("qwen3", "decoder", ("Qwen3ForCausalLM",), llama_config, llama_weights,
+           GGUFArch(dict(SWIGLU, qk_norm=True), "half", False)),
+    Family("gpt2", "decoder", ("GPT2LMHeadModel",), gpt2_config, gpt2_weights,
+           GGUFArch(dict(positions="learned", norm="layernorm", mlp="gelu_tanh", parallel_residual=False), None, True)),
+    Family("gptneox", "decoder", ("GPTNeoXForCausalLM",), neox_config, neox_weights,
+           GGUFArch(dict(positions="rope", norm="layernorm", mlp="gelu"), "half", True)),
+    Family("transformers", "transformers"),  # any other *ForCausalLM / *LMHeadModel: transformers, slow
+    Family("mlm", "fill-mask", ("RobertaForMaskedLM", "ModernBertForMaskedLM")),  # EsperBERTo
+)  # fmt: skip
+BY_NAME = {f.name: f for f in FAMILIES}
+BY_ARCHITECTURE = {a: f for f in FAMILIES for a in f.architectures}
+GGUF_ARCHES = {f.name: f.gguf for f in FAMILIES if f.gguf is not None}
 
 
 def family_of(config: dict) -> Family | None:
     """The family of a checkpoint's config.json: ours, a mapped transformers family, another transformers
     causal LM (served by transformers), or None (not served)."""
     if config.get("architecture") == "gpt":
-        return OURS
+        return BY_NAME["gpt"]
     for name in config.get("architectures") or []:
-        if name in FAMILIES:
-            return FAMILIES[name]
+        if name in BY_ARCHITECTURE:
+            return BY_ARCHITECTURE[name]
         if name.endswith(("ForCausalLM", "LMHeadModel")):
-            return TRANSFORMERS_CAUSAL_LM
+            return BY_NAME["transformers"]
     return None
+
+
+def served_names() -> str:
+    """The architectures the store accepts, for a refusal's message."""
+    return f"ours, {', '.join(BY_ARCHITECTURE)}, or another transformers *ForCausalLM"
 
 
 def decoder_checkpoint(

@@ -3,7 +3,8 @@ one .gguf that llama-server (or Ollama) runs, and a .gguf of those families ente
 
 Both directions go through our decoder's config and weight names (models/gpt.py), so one table of
 llama.cpp architectures covers our GPT and every family model_store/families.py maps:
-- `ARCHES`: what each llama.cpp architecture computes, as our decoder's settings;
+- `GGUF_ARCHES` (model_store/families.py, each family's `gguf`): what each llama.cpp architecture computes,
+  as our decoder's settings;
 - `BLOCK_TENSORS`: each block tensor's GGUF name (llama.cpp wants q, k and v apart where it has no
   fused `attn_qkv`; our fused rows are all queries, then all keys, then all values, as its own);
 - rotary pairs: llama.cpp's llama rotates interleaved channel pairs, its qwen2, qwen3 and gptneox rotate
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_store.families import GGUF_ARCHES, GGUFArch
 from model_store.store import load_gpt
 from models.gpt import GPT, GPTConfig
 from models.positions import inverse_frequencies
@@ -35,26 +37,9 @@ from models.positions import inverse_frequencies
 GGUF_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}
 
 
-@dataclass(frozen=True)
-class Arch:
-    """A llama.cpp architecture as our decoder's settings."""
-
-    settings: dict  # GPTConfig fields it fixes
-    rope_pairs: str | None  # the channel pairs it rotates; None: learned positions
-    fused_qkv: bool  # one attn_qkv tensor, or attn_q, attn_k, attn_v
-
-
-ROPE = dict(positions="rope", parallel_residual=False)
-ARCHES = {
-    "llama": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=False), "interleaved", False),
-    "qwen2": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=False), "half", False),  # q, k, v biases
-    "qwen3": Arch(dict(ROPE, norm="rmsnorm", mlp="swiglu", qk_norm=True), "half", False),
-    "gpt2": Arch(dict(positions="learned", norm="layernorm", mlp="gelu_tanh", parallel_residual=False), None, True),
-    "gptneox": Arch(dict(positions="rope", norm="layernorm", mlp="gelu"), "half", True),
-}  # fmt: skip
 # the attention-lab options (models/gpt.py) llama.cpp has no equivalent for, at the value it computes
 STANDARD = {"softmax": "softmax0", "score": "dot", "masking": "causal", "n_relational_head": 0, "qkv_sharing": "none"}
-BLOCK_TENSORS = {  # ours (in blocks.{i}.) -> GGUF's (in blk.{i}.); attn.qkv is split or kept per Arch.fused_qkv
+BLOCK_TENSORS = {  # ours (in blocks.{i}.) -> GGUF's (in blk.{i}.); attn.qkv is split or kept per GGUFArch.fused_qkv
     "ln_1": "attn_norm",
     "ln_2": "ffn_norm",
     "attn.q_norm": "attn_q_norm",
@@ -120,7 +105,7 @@ def export_gguf(folder: Path, out: Path, out_type: str = "f32") -> Path:
     model, _ = load_gpt(folder)
     c = model.config
     arch_name = gguf_architecture(c)
-    arch = ARCHES[arch_name]
+    arch = GGUF_ARCHES[arch_name]
     vocab = vocabulary(folder, c.vocab_size, c.eos_token_id)
     part = out.with_name(out.name + ".part")  # a failed export leaves no file llama.cpp would half-read
     writer = gguf.GGUFWriter(str(part), arch_name)
@@ -169,7 +154,7 @@ def write_hyperparameters(writer, c: GPTConfig, arch_name: str) -> None:
         writer.add_parallel_residual(c.parallel_residual)
 
 
-def gguf_tensors(model: GPT, arch: Arch) -> dict[str, torch.Tensor]:
+def gguf_tensors(model: GPT, arch: GGUFArch) -> dict[str, torch.Tensor]:
     """Our weights under GGUF's names, in its layout (float32)."""
     c = model.config
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model_store.gguf_files import ARCHES, BLOCK_TENSORS, GGUF_TYPES, TOP_TENSORS, Arch, GGUFError
+from model_store.families import GGUF_ARCHES, GGUFArch
+from model_store.gguf_files import BLOCK_TENSORS, GGUF_TYPES, TOP_TENSORS, GGUFError
 from model_store.store import write_checkpoint
 from models.gpt import GPT, GPTConfig
 
@@ -25,15 +26,15 @@ def import_gguf(file: Path, out: Path) -> Path:
     reader = gguf.GGUFReader(str(file))
     fields = {name: field.contents() for name, field in reader.fields.items() if name != "tokenizer.ggml.tokens"}
     arch_name = fields.get("general.architecture")
-    if arch_name not in ARCHES:
-        raise GGUFError(f"{file}: architecture {arch_name!r} is not read (one of {', '.join(ARCHES)})")
+    if arch_name not in GGUF_ARCHES:
+        raise GGUFError(f"{file}: architecture {arch_name!r} is not read (one of {', '.join(GGUF_ARCHES)})")
     odd = sorted({t.tensor_type.name for t in reader.tensors} - set(READ_TYPES))
     if odd:
         raise GGUFError(f"{file}: tensor types {odd} are not read (one of {', '.join(READ_TYPES)})")
     tensors = {t.name: t for t in reader.tensors}
     tokenizer, tokenizer_config = gguf_tokenizer(file)
-    config = gguf_config(fields, tensors, ARCHES[arch_name], tokenizer)
-    model = GPT.from_state(config, decoder_tensors(tensors, config, ARCHES[arch_name]))
+    config = gguf_config(fields, tensors, GGUF_ARCHES[arch_name], tokenizer)
+    model = GPT.from_state(config, decoder_tensors(tensors, config, GGUF_ARCHES[arch_name]))
     missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:  # what the file lacks stays on the meta device
         raise GGUFError(f"{file}: tensors for {missing[:4]} are missing")
@@ -45,7 +46,7 @@ def import_gguf(file: Path, out: Path) -> Path:
     return out
 
 
-def gguf_config(fields: dict, tensors: dict, arch: Arch, tokenizer) -> GPTConfig:
+def gguf_config(fields: dict, tensors: dict, arch: GGUFArch, tokenizer) -> GPTConfig:
     arch_name = fields["general.architecture"]
 
     def key(name: str, default=None):
@@ -100,7 +101,7 @@ def gguf_config(fields: dict, tensors: dict, arch: Arch, tokenizer) -> GPTConfig
     return config
 
 
-def decoder_tensors(tensors: dict, c: GPTConfig, arch: Arch) -> dict[str, torch.Tensor]:
+def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, torch.Tensor]:
     """The file's tensors under our names, dequantized to float32."""
     import gguf
 

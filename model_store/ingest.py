@@ -16,14 +16,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from model_store.families import FAMILIES
+from model_store.families import Family, family_of, served_names
 from model_store.gguf_files import GGUFError
 from model_store.gguf_import import import_gguf, is_gguf
 from model_store.store import (
     MANIFEST,
     PICKLE_SUFFIXES,
     CheckpointError,
-    architecture_of,
     load_causal_lm,
     load_gpt,
     load_mlm,
@@ -33,11 +32,11 @@ from model_store.store import (
 
 # configs, weights, vocabulary, card, chat template
 COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".png", ".model", ".jinja")
-LOADERS = {"decoder": load_gpt, "causal-lm": load_causal_lm, "mlm": load_mlm}
+LOADERS = {"decoder": load_gpt, "transformers": load_causal_lm, "fill-mask": load_mlm}  # by Family.runner
 
 
-def check_source(src: Path) -> str:
-    """The source's architecture, or a CheckpointError naming the file and the rule it breaks."""
+def check_source(src: Path) -> Family:
+    """The source's family, or a CheckpointError naming the file and the rule it breaks."""
     if not (src / "config.json").is_file():
         raise CheckpointError(src, "not a checkpoint folder (no config.json)")
     for p in src.iterdir():
@@ -50,14 +49,14 @@ def check_source(src: Path) -> str:
         raise CheckpointError(src / "config.json", "auto_map names remote code; such checkpoints are not served")
     if not (src / "model.safetensors").is_file():
         raise CheckpointError(src / "model.safetensors", "missing: weights must be one safetensors file")
-    architecture = architecture_of(config)
-    if architecture is None:
+    family = family_of(config)
+    if family is None:
         raise CheckpointError(
             src / "config.json",
             f"architecture {config.get('architectures') or config.get('architecture')!r} is not served "
-            f"(ours, {', '.join(FAMILIES)}, or another transformers *ForCausalLM)",
+            f"({served_names()})",
         )
-    return architecture
+    return family
 
 
 def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = None) -> Path:
@@ -74,7 +73,7 @@ def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = N
             except GGUFError as e:
                 raise CheckpointError(src, str(e)) from None
             return add_checkpoint(folder, name, root, max_context)
-    architecture = check_source(src)
+    family = check_source(src)
     dst = resolve(name, root)
     if dst.exists():
         raise CheckpointError(dst, "already in the store; remove it first or choose another name")
@@ -84,14 +83,14 @@ def add_checkpoint(src: Path, name: str, root: Path, max_context: int | None = N
             if p.is_file() and p.suffix in COPIED_SUFFIXES and p.name != MANIFEST:
                 shutil.copyfile(p, dst / p.name)
         if not (dst / "README.md").exists():
-            (dst / "README.md").write_text(f"# {name}\n\nAdded with `tinyserve store add` ({architecture}).\n")
+            (dst / "README.md").write_text(f"# {name}\n\nAdded with `tinyserve store add` ({family.name}).\n")
         if not (dst / "metrics.json").exists():
             (dst / "metrics.json").write_text("{}\n")
         write_manifest(dst)
-        if architecture == "decoder":  # loads as the server will, or nothing is kept
+        if family.runner == "decoder":  # loads as the server will, or nothing is kept
             load_gpt(dst, max_context=max_context)
         else:
-            LOADERS[architecture](dst)
+            LOADERS[family.runner](dst)
     except Exception:
         shutil.rmtree(dst)
         raise

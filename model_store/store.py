@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from model_store.families import MissingTensor, decoder_checkpoint, family_of
+from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
 from models.gpt import GPT, GPTConfig
 from models.tokenizer import EOS_TOKEN
 
@@ -167,18 +167,11 @@ def validate(folder: Path) -> dict:
     return config
 
 
-def architecture_of(config: dict) -> str | None:
-    """'decoder' (served by our decoder: ours, or a family model_store/families.py maps onto it), 'causal-lm'
-    (another transformers causal LM, served by transformers), 'mlm' (an EsperBERTo masked LM) or None."""
-    family = family_of(config)
-    return family.kind if family is not None else None
-
-
 @dataclass
 class CheckpointInfo:
     id: str
     path: Path
-    architecture: str | None
+    family: Family | None  # None: not served (or invalid)
     error: str | None  # why it cannot be served, or None
 
     @property
@@ -192,7 +185,7 @@ def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
     for folder in sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "config.json").exists()):
         try:
             config = validate(folder)
-            infos.append(CheckpointInfo(folder.name, folder, architecture_of(config), None))
+            infos.append(CheckpointInfo(folder.name, folder, family_of(config), None))
         except CheckpointError as e:
             infos.append(CheckpointInfo(folder.name, folder, None, str(e)))
     return infos
@@ -209,13 +202,13 @@ def load_gpt(
     its positions capped at max_context) in eval mode; shape mismatches name the tensor."""
     folder = Path(folder)
     config_dict = validate(folder)
-    if architecture_of(config_dict) != "decoder":
+    if (family := family_of(config_dict)) is None or family.runner != "decoder":
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # cast one tensor at a time
         state = {k: cast(f.get_tensor(k), dtype) for k in f.keys()}
     try:
-        if config_dict.get("architecture") == "gpt":
+        if family.name == "gpt":
             config = GPTConfig.from_dict(config_dict)
         else:
             config, state = decoder_checkpoint(config_dict, state, max_context)
@@ -261,7 +254,7 @@ def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 
     import models.esperberto  # noqa: F401  (registers the softmax1 attention function)
 
-    return _load_transformers(folder, ("mlm",), AutoModelForMaskedLM, device, dtype)
+    return _load_transformers(folder, ("fill-mask",), AutoModelForMaskedLM, device, dtype)
 
 
 def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -271,19 +264,21 @@ def load_causal_lm(folder: Path, device: str | torch.device = "cpu", dtype: torc
     from transformers import AutoModelForCausalLM
 
     return _load_transformers(
-        folder, ("decoder", "causal-lm"), AutoModelForCausalLM, device, dtype, attn_implementation="eager"
+        folder, ("decoder", "transformers"), AutoModelForCausalLM, device, dtype, attn_implementation="eager"
     )
 
 
-def _load_transformers(folder, kinds: tuple[str, ...], auto_class, device, dtype, **kwargs):
+def _load_transformers(folder, runners: tuple[str, ...], auto_class, device, dtype, **kwargs):
     """A validated transformers checkpoint: safetensors weights only, never remote code."""
     from transformers import AutoTokenizer
 
     folder = Path(folder)
     config = validate(folder)
-    if architecture_of(config) not in kinds or config.get("architecture") == "gpt":
+    family = family_of(config)
+    if family is None or family.runner not in runners or family.name == "gpt":
         name = config.get("architectures") or config.get("architecture")
-        raise CheckpointError(folder / "config.json", f"{name!r} is not a transformers {' or '.join(kinds)} checkpoint")
+        what = "masked LM" if runners == ("fill-mask",) else "causal LM"
+        raise CheckpointError(folder / "config.json", f"{name!r} is not a transformers {what} checkpoint")
     try:
         model = auto_class.from_pretrained(folder, use_safetensors=True, dtype=dtype, trust_remote_code=False, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)

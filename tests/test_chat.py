@@ -147,3 +147,13 @@ def test_tokenize_and_detokenize_round_trip(client):
     bad = client.post("/detokenize", json={"model": "tiny-chat", "tokens": [5, 10**6]})
     assert bad.status_code == 422 and error_of(bad)["field"] == "tokens[1]"
     assert json.loads(client.post("/tokenize", json={"text": ""}).text)["field"] == "text"
+
+
+def test_tokenize_takes_vllms_prompt_field_or_text(client):
+    """vLLM's /tokenize names the text `prompt`; ours took `text`: either one, never both or neither."""
+    by_prompt = client.post("/tokenize", json={"model": "tiny-chat", "prompt": "w5 w6 w7"})
+    by_text = client.post("/tokenize", json={"model": "tiny-chat", "text": "w5 w6 w7"})
+    assert by_prompt.status_code == 200 and by_prompt.json() == by_text.json()
+    for body in ({"model": "tiny-chat"}, {"model": "tiny-chat", "prompt": "w5", "text": "w5"}):
+        r = client.post("/tokenize", json=body)
+        assert r.status_code == 422 and "exactly one of prompt" in r.json()["error"], r.text

@@ -198,7 +198,7 @@ def test_other_architectures_serve_transformers_greedy_tokens_from_their_slots(t
         tmp_path / "src"
     )
     folder = add_checkpoint(tmp_path / "src", kind, tmp_path / "store")
-    runner = load_runner("causal-lm", folder, torch.device("cpu"), torch.float32, 4)
+    runner = load_runner("transformers", folder, torch.device("cpu"), torch.float32, 4)
     assert runner.facts.context_length == min(64, OTHERS[kind].get("sliding_window", 64))
     engine = GenerationEngine(runner, max_batch_size=4)
     prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "A", "The museum was opened in 18")]

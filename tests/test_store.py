@@ -83,7 +83,7 @@ def test_list_reports_invalid_checkpoints_without_failing(checkpoint, tmp_path):
     other.mkdir()
     (other / "config.json").write_text("{}")
     infos = {i.id: i for i in list_checkpoints(tmp_path)}
-    assert infos["tiny-gpt"].ok and infos["tiny-gpt"].architecture == "decoder"
+    assert infos["tiny-gpt"].ok and infos["tiny-gpt"].family.runner == "decoder"
     assert not infos["broken"].ok and "manifest.json: missing manifest" in infos["broken"].error
 
 

@@ -12,7 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit, RequestMetrics
-from server.api.routers import chat, completions, demo, generate, inspect, models, readouts
+from server.api.routers import chat, completions, demo, generate, inspect, models, readouts, tokens
 from server.config import Settings
 from server.errors import install_error_handlers
 from server.serving.registry import ModelRegistry
@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(generate.router)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(tokens.router)
     app.include_router(readouts.router)
     app.include_router(inspect.router)
     app.include_router(demo.router)

@@ -54,7 +54,7 @@ class GenerationEngine:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
         if slots < 1:
-            raise ValueError(f"{type(runner).__name__} reports no slots (RunnerFacts.slots)")
+            raise ValueError(f"{type(runner).__name__} reports no slots (ModelFacts.slots)")
         max_batch_size = slots if max_batch_size is None else max_batch_size
         if max_batch_size > slots:
             raise ValueError(f"max_batch_size {max_batch_size} > the runner's {slots} slots")

@@ -15,7 +15,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.config import default
-from server.execution.runner import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
+from server.execution.runner import PROBE, ModelFacts, StepOutput, context_within, right_padded, start_tokens
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
@@ -143,7 +143,7 @@ class HFCausalLMRunner:
         per_position = bytes_per_position(c, next(model.parameters()).dtype)
         context = context_within(per_position, max_rows, context, kv_cache_bytes)
         architecture = type(model).__name__
-        self.facts = RunnerFacts(
+        self.facts = ModelFacts(
             family=architecture,
             context_length=context,
             vocab_size=c.vocab_size,

@@ -1,5 +1,5 @@
-"""Model runners, one per model family, behind one protocol (base.py). `load_runner` picks the family
-from the checkpoint's architecture (model_store.architecture_of)."""
+"""The runner of a checkpoint: our decoder's or transformers', as its family's row says
+(model_store/families.py, `Family.runner`)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ import torch
 
 log = logging.getLogger("tinyserve")
 
-# architecture (model_store.architecture_of) -> the loader of its runner
-CAUSAL_ARCHITECTURES = ("decoder", "causal-lm")
-
-
 def load_runner(
-    architecture: str,
+    runner: str,
     folder: Path,
     device: torch.device,
     dtype: torch.dtype,
@@ -35,7 +31,7 @@ def load_runner(
 
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
-    if architecture == "decoder":  # ours, or a family model_store/families.py maps onto it
+    if runner == "decoder":  # ours, or a family model_store/families.py maps onto it
         from server.execution.decoder.runner import GPTRunner, fit_context
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)
@@ -45,20 +41,20 @@ def load_runner(
             model.config = replace(model.config, context_length=fit_context(model, max_rows, budget))
         except ValueError as e:
             raise CheckpointError(folder, str(e)) from None
-        runner = GPTRunner(quantize(model), tokenizer, max_rows, family)
-        return cut_context_logged(runner, folder, full, kv_cache_mb)
-    if architecture == "causal-lm":
+        served = GPTRunner(quantize(model), tokenizer, max_rows, family)
+        return cut_context_logged(served, folder, full, kv_cache_mb)
+    if runner == "transformers":
         from server.execution.hf_causal import HFCausalLMRunner, served_context
 
         log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
         try:
-            runner = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
+            served = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
         except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint
             raise CheckpointError(folder / "config.json", str(e)) from None
-        return cut_context_logged(runner, folder, served_context(model.config, max_context), kv_cache_mb)
-    raise CheckpointError(folder / "config.json", f"no runner for architecture {architecture!r}")
+        return cut_context_logged(served, folder, served_context(model.config, max_context), kv_cache_mb)
+    raise CheckpointError(folder / "config.json", f"no causal-LM runner {runner!r}")
 
 
 def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None):

@@ -40,8 +40,9 @@ PROBE = "Hello world"  # encodes to ids in every tokenizer
 
 
 @dataclass(frozen=True)
-class RunnerFacts:
-    """What the layers above show and check: limits, vocabulary, attention shape."""
+class ModelFacts:
+    """A served model's facts, declared once: what the engine checks and /models, /info and the demo page show
+    (limits, vocabulary, attention shape). Every runner makes its own; the registry makes a masked LM's."""
 
     family: str  # "gpt" (ours) or the checkpoint's transformers architecture, e.g. "LlamaForCausalLM"
     context_length: int
@@ -106,7 +107,7 @@ class TokenLogprobs:
 
 
 class CausalLMRunner(Protocol):
-    facts: RunnerFacts
+    facts: ModelFacts
     tokenizer: TextCodec
     model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
 

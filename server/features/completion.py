@@ -70,7 +70,7 @@ def fill_mask_models(registry: ModelRegistry, model_id: str | None, variant: str
     if model_id is not None:
         return [find_model(registry, model_id, "mlm", "model")]
     wanted = VARIANTS[variant]
-    served = {m.normaliser: m for m in reversed(registry.models.values()) if m.kind == "mlm"}  # first wins
+    served = {m.facts.normaliser: m for m in reversed(registry.models.values()) if m.kind == "mlm"}  # first wins
     missing = [v for v in wanted if v not in served]
     if missing and "mlm" in registry.loading.values():
         raise loading_error("variant", "the fill-mask models are loading; retry in a few seconds")
@@ -99,7 +99,7 @@ def prepare_completion(
     else:
         ids = check_token_ids(m, prompt, settings, fields.prompt)
     if echo:
-        return CompletionJob(m, ids[-(m.context_length - 1) :], params, echo_ids=ids)
+        return CompletionJob(m, ids[-(m.facts.context_length - 1) :], params, echo_ids=ids)
     return CompletionJob(m, fit_prompt(m, ids, settings, truncate, fields.prompt), params)
 
 
@@ -136,7 +136,7 @@ def fit_prompt(m: ServedModel, ids: list[int], settings: Settings, truncate: int
     prefix = prefix if ids[: len(prefix)] == prefix else []
     if truncate and len(ids) > truncate:
         ids = prefix + ids[len(prefix) :][-(truncate - len(prefix)) :] if truncate > len(prefix) else ids[-truncate:]
-    limit = m.context_length - 1  # room for one new token
+    limit = m.facts.context_length - 1  # room for one new token
     if len(ids) > limit:
         if not settings.truncate_prompt:
             raise APIError(

@@ -61,7 +61,7 @@ def decoder_of(m: ServedModel) -> GPT:
     check_decoder(m)
     plain = all(p.dtype == torch.float32 and p.device.type == "cpu" for p in m.model.parameters())
     plain = plain and all(type(b.attn.proj) is torch.nn.Linear for b in m.model.blocks)
-    return sharing_copy(m.model) if plain else float32_decoder(m.folder, m.context_length)
+    return sharing_copy(m.model) if plain else float32_decoder(m.folder, m.facts.context_length)
 
 
 def check_cost(passes: int, tokens: int, settings: Settings, field: str) -> None:
@@ -98,14 +98,14 @@ def logit_lens(compute: ComputeThread, m: ServedModel, text: str, top_k: int, se
     if m.kind == "mlm":
         enc = mlm_encoding(m, text, "text")
         ids = enc["input_ids"][0].tolist()
-        check_cost(m.layers + 1, len(ids), settings, "text")
+        check_cost(m.facts.layers + 1, len(ids), settings, "text")
         model = run(lambda: float32_mlm(m))
         streams = run(lambda: inspect_hooks.mlm_residual_streams(model, enc["input_ids"], enc["attention_mask"]))
         unembedding = functools.partial(inspect_hooks.mlm_unembed, model)
     else:
         check_decoder(m)
         ids = gpt_ids(m, text, "text")
-        check_cost(m.layers + 1, len(ids), settings, "text")
+        check_cost(m.facts.layers + 1, len(ids), settings, "text")
         model = run(lambda: decoder_of(m))
         streams = run(lambda: inspect_hooks.residual_streams(model, torch.tensor([ids])))
         unembedding = functools.partial(inspect_hooks.unembed, model)
@@ -136,7 +136,7 @@ def ablate(
     run = slices(compute)
     check_decoder(m)
     ids = gpt_ids(m, text, "text")
-    L, H = m.layers, m.heads
+    L, H = m.facts.layers, m.facts.heads
     if heads == "each":
         ablated = [[(layer, head)] for layer in range(L) for head in range(H)]
     else:
@@ -186,7 +186,7 @@ def patch(
         rule = f"{len(corrupt_ids)} tokens, clean {len(clean_ids)}; they must be the same number of tokens"
         raise APIError(422, f"corrupt: {rule}", "corrupt")
     a, f = single_token(m, answer, "answer"), single_token(m, foil, "foil")
-    L, T = m.layers, len(clean_ids)
+    L, T = m.facts.layers, len(clean_ids)
     check_cost(2 + L * T, T, settings, "clean")
     model = run(lambda: decoder_of(m))  # after every check: a refused request loads nothing
     x = torch.tensor([corrupt_ids])

@@ -22,7 +22,7 @@ MAX_PNG_PANELS = 96
 
 def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
     ids = m.runner.tokenizer.encode(text)
-    limit = m.context_length
+    limit = m.facts.context_length
     if not ids:
         raise APIError(422, f"{field}: text must not be empty", field)
     if len(ids) > limit:
@@ -32,7 +32,7 @@ def gpt_ids(m: ServedModel, text: str, field: str) -> list[int]:
 
 def mlm_encoding(m: ServedModel, text: str, field: str) -> dict[str, torch.Tensor]:
     enc = m.tokenizer(text, return_tensors="pt")
-    limit = m.context_length
+    limit = m.facts.context_length
     if enc["input_ids"].shape[1] > limit:
         raise APIError(
             422, f"{field}: text is {enc['input_ids'].shape[1]} tokens; model {m.id} takes at most {limit}", field
@@ -50,7 +50,7 @@ def score(m: ServedModel, text: str, top_n: int) -> dict:
         start, ids = prefix, ids[len(prefix) :]
     else:
         start = [m.runner.facts.eos_id]
-    ids = ids[: m.context_length - len(start)]
+    ids = ids[: m.facts.context_length - len(start)]
     if not ids:
         raise APIError(422, "text: text must not be empty", "text")
     scored = token_logprobs(m.runner, [*start, *ids], top_n)
@@ -79,15 +79,15 @@ def attention(m: ServedModel, text: str, layers: list[int] | None, heads: list[i
         enc = mlm_encoding(m, text, "text").to(next(m.model.parameters()).device)
         weights = [a[0] for a in m.model(**enc, output_attentions=True).attentions]
         tokens = [m.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
-    layers = list(range(m.layers)) if layers is None else layers
-    heads = list(range(m.heads)) if heads is None else heads
-    for name, sel, n in (("layers", layers, m.layers), ("heads", heads, m.heads)):
+    layers = list(range(m.facts.layers)) if layers is None else layers
+    heads = list(range(m.facts.heads)) if heads is None else heads
+    for name, sel, n in (("layers", layers, m.facts.layers), ("heads", heads, m.facts.heads)):
         if any(not 0 <= i < n for i in sel):
             raise APIError(422, f"{name}: indices must be in [0, {n}) for model {m.id}", name)
     w = torch.stack([weights[i][heads].float().cpu() for i in layers])  # (L, H, T, T)
     return {
         "model": m.id,
-        "attention_variant": m.normaliser,
+        "attention_variant": m.facts.normaliser,
         "tokens": tokens,
         "layers": layers,
         "heads": heads,

@@ -18,14 +18,15 @@ from pathlib import Path
 import torch
 
 from model_store import CheckpointError, CheckpointInfo, list_checkpoints, load_mlm, resolve
+from model_store.families import Family
 from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine.core import GenerationEngine
 from server.execution.compiler import BackgroundCompiler, cache_key
 from server.execution.compute_thread import ComputeThread, behind_requests
 from server.execution.encoder_step import EncoderStep
-from server.execution.loader import CAUSAL_ARCHITECTURES, load_runner
-from server.execution.runner import CausalLMRunner
+from server.execution.loader import load_runner
+from server.execution.runner import CausalLMRunner, ModelFacts
 from server.serving.placement import Placement, plan
 
 log = logging.getLogger("tinyserve")
@@ -39,31 +40,26 @@ class ModelLoadingError(LookupError):
     """The model is loading behind /health's 200 (the HTTP layer answers 503 with Retry-After)."""
 
 
-def kind_of(architecture: str | None) -> str | None:
-    """What a checkpoint serves as: "causal" (any causal LM), "mlm", or None (unsupported)."""
-    return "causal" if architecture in CAUSAL_ARCHITECTURES else "mlm" if architecture == "mlm" else None
-
-
 @dataclass(kw_only=True)
 class ServedModel:
-    """A loaded model as every route sees it, whatever its family; shape figures are read at load."""
+    """A loaded model as every route sees it, whatever its family: its facts are read once, at load."""
 
     id: str
-    kind: str  # "causal": any causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask
+    family: Family  # its row of model_store/families.py: what serves it and what it does (`kind`)
     model: torch.nn.Module
     tokenizer: object  # the runner's codec for a causal LM, a transformers tokenizer for mlm
     folder: Path
-    config: dict  # the checkpoint's config.json as loaded
-    normaliser: str  # attention normaliser: softmax0 or softmax1
-    attention_settings: dict  # what the demo page and /models show of the attention (score, positions, heads...)
-    layers: int
-    heads: int  # every attention head, relational ones included
-    context_length: int  # longest input in tokens, special tokens included
+    facts: ModelFacts  # limits, vocabulary, attention shape, the checkpoint's config as loaded
     card: str = ""
     runner: CausalLMRunner | None = None  # completion models only: the model behind the seam
     engine: GenerationEngine | None = None  # completion models only
     encoder_step: EncoderStep | None = None  # fill-mask models only
     compiler: BackgroundCompiler | None = None  # builds the compiled decode step or encoder (compile_models on)
+
+    @property
+    def kind(self) -> str:
+        """"causal": any causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask."""
+        return self.family.kind
 
 
 @dataclass
@@ -91,10 +87,10 @@ class ModelRegistry:
         self.order = [info.id for info in infos]
         now = infos
         if self.settings.ready_after == "default":  # "all" and "compiled" load every model here
-            gpts = [info for info in infos if info.ok and kind_of(info.architecture) == "causal"]
+            gpts = [info for info in infos if info.ok and info.family.kind == "causal"]
             now = gpts[:1] or infos[:1]
         self._behind = [info for info in infos if info not in now]
-        self.loading = {info.id: kind_of(info.architecture) or "" for info in self._behind}
+        self.loading = {info.id: info.family.kind if info.family else "" for info in self._behind}
         for info in now:
             self.compute.call(self._load_checkpoint, info)
         if not self._behind:
@@ -121,7 +117,9 @@ class ModelRegistry:
         try:
             if not info.ok:
                 raise CheckpointError(info.path, info.error or "invalid")
-            served = self._load(info.id, info.path, info.architecture, device, dtype)
+            if info.family is None:
+                raise CheckpointError(info.path / "config.json", "unsupported architecture (model_store/families.py)")
+            served = self._load(info.id, info.path, info.family, device, dtype)
             self.compute.guard(served.model)
             if served.engine is not None:
                 self.compute.attach(served.engine)
@@ -129,7 +127,7 @@ class ModelRegistry:
             self.models = {i: added[i] for i in self.order if i in added}
             quantized = served.runner is not None and self.settings.weights != "native"  # completion models only
             weights = f", {self.settings.weights} weights" if quantized else ""
-            log.info("loaded %s (%s) on %s/%s%s", info.id, info.architecture, device, dtype, weights)
+            log.info("loaded %s (%s) on %s/%s%s", info.id, info.family.name, device, dtype, weights)
         except CheckpointError as e:
             log.error("refused %s: %s", info.id, e)
             # clients see paths inside the store only (/health is public): no machine layout
@@ -145,60 +143,60 @@ class ModelRegistry:
         self.loading = {i: kind for i, kind in self.loading.items() if i != model_id}
 
     def _load(
-        self, model_id: str, folder: Path, arch: str | None, device: torch.device, dtype: torch.dtype
+        self, model_id: str, folder: Path, family: Family, device: torch.device, dtype: torch.dtype
     ) -> ServedModel:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
-        kind = kind_of(arch)
-        if kind == "causal":
+        if family.kind == "causal":
             s = self.settings
-            runner = load_runner(arch, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb)
-            f = runner.facts
+            runner = load_runner(
+                family.runner, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb
+            )
+            engine = GenerationEngine(
+                runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens, s.steps_per_schedule, s.draft_tokens
+            )
             return ServedModel(
                 id=model_id,
-                kind=kind,
+                family=family,
                 model=runner.model,
                 tokenizer=runner.tokenizer,
                 folder=folder,
-                config=f.config,
-                normaliser=f.normaliser,
-                attention_settings=f.attention_settings,
-                layers=f.layers,
-                heads=f.heads,
-                context_length=f.context_length,
+                facts=runner.facts,
                 card=card,
                 runner=runner,
-                engine=GenerationEngine(
-                    runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens, s.steps_per_schedule, s.draft_tokens
-                ),
+                engine=engine,
             )
-        if kind == "mlm":
-            from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
+        from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
 
-            model, tok = load_mlm(folder, device, dtype)
-            variant = getattr(model.config, "attention_variant", "softmax0")
-            if variant == "softmax0":
-                model.set_attn_implementation("eager")  # returns attention weights (for /attention)
-            c = model.config
-            return ServedModel(
-                id=model_id,
-                kind=kind,
-                model=model,
-                tokenizer=tok,
-                folder=folder,
-                config=c.to_dict(),
-                normaliser=variant,
-                attention_settings={
-                    "softmax": variant,
-                    "n_head": c.num_attention_heads,
-                    "architecture": type(model).__name__,
-                },
-                layers=c.num_hidden_layers,
-                heads=c.num_attention_heads,
-                context_length=max_tokens(c),
-                card=card,
-                encoder_step=EncoderStep(model, max_tokens(c)),
-            )
-        raise CheckpointError(folder / "config.json", f"unsupported architecture {arch!r}")
+        model, tok = load_mlm(folder, device, dtype)
+        variant = getattr(model.config, "attention_variant", "softmax0")
+        if variant == "softmax0":
+            model.set_attn_implementation("eager")  # returns attention weights (for /attention)
+        c = model.config
+        facts = ModelFacts(
+            family=type(model).__name__,
+            context_length=max_tokens(c),
+            vocab_size=c.vocab_size,
+            eos_id=tok.eos_token_id,
+            layers=c.num_hidden_layers,
+            heads=c.num_attention_heads,
+            normaliser=variant,
+            attention_settings={
+                "softmax": variant,
+                "n_head": c.num_attention_heads,
+                "architecture": type(model).__name__,
+            },
+            config=c.to_dict(),
+        )
+        return ServedModel(
+            id=model_id,
+            family=family,
+            model=model,
+            tokenizer=tok,
+            folder=folder,
+            facts=facts,
+            card=card,
+            encoder_step=EncoderStep(model, max_tokens(c)),
+        )
 
     def start(self) -> None:
         """Warm the loaded models up with one tiny request each, then start the background thread (it
@@ -215,7 +213,7 @@ class ModelRegistry:
         try:
             for info in self._behind:
                 try:
-                    if kind_of(info.architecture) == "mlm":
+                    if info.family is not None and info.family.kind == "mlm":
                         import models.esperberto.model  # noqa: F401  # transformers' 2 s import, off the compute thread
                     if (served := self.compute.call(self._load_checkpoint, info)) is not None:
                         self._warm_up(served)

@@ -1,5 +1,4 @@
-"""POST /v1/chat/completions (OpenAI's format; `stream: true` gives SSE chunks and `data: [DONE]`),
-POST /tokenize and POST /detokenize (vLLM's shapes)."""
+"""POST /v1/chat/completions (OpenAI's format; `stream: true` gives SSE chunks and `data: [DONE]`)."""
 
 from __future__ import annotations
 
@@ -25,11 +24,10 @@ from server.api.schemas.chat import (
     TopLogprob,
 )
 from server.api.schemas.openai import Usage
-from server.api.schemas.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from server.engine.events import FinishEvent, TokenEvent
 from server.errors import APIError, openai_error_body
 from server.features.chat import prepare_chat
-from server.features.completion import check_token_ids, collect_all, encode_prompt, find_model, merged_events
+from server.features.completion import collect_all, merged_events
 from server.features.constraints import constrained
 
 router = APIRouter(tags=["chat (OpenAI format)"])
@@ -106,18 +104,3 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
         yield {"data": "[DONE]"}
 
     return sse_response(stream(), settings)
-
-
-@router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
-async def tokenize(body: TokenizeRequest, registry: Registry, settings: AppSettings) -> TokenizeResponse:
-    """A text's token ids as a prompt is encoded (the checkpoint's start-of-sequence tokens included)."""
-    m = find_model(registry, body.model, "causal", "model")
-    ids = encode_prompt(m, body.text, settings, "text")
-    return TokenizeResponse(tokens=ids, token_strs=[m.runner.tokenizer.decode([i]) for i in ids], count=len(ids))
-
-
-@router.post("/detokenize", response_model=DetokenizeResponse, tags=["tokens"])
-async def detokenize(body: DetokenizeRequest, registry: Registry, settings: AppSettings) -> DetokenizeResponse:
-    """Token ids back to text."""
-    m = find_model(registry, body.model, "causal", "model")
-    return DetokenizeResponse(prompt=m.runner.tokenizer.decode(check_token_ids(m, body.tokens, settings, "tokens")))

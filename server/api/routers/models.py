@@ -7,7 +7,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api.dependencies import AppSettings, Registry
-from server.api.schemas.models import Health, Info, ModelCard, ModelList, ModelSummary
+from server.api.schemas.models import INFO_SETTINGS, Health, Info, ModelCard, ModelList, ModelSummary
 from server.errors import APIError
 from server.features.chat import chats
 from server.features.completion import find_model
@@ -24,12 +24,12 @@ def summary(m: ServedModel) -> ModelSummary:
         id=m.id,
         kind=m.kind,
         tasks=TASKS[m.kind] + (["chat"] if chats(m) else []),
-        attention=m.normaliser,
-        attention_settings=m.attention_settings,
+        attention=m.facts.normaliser,
+        attention_settings=m.facts.attention_settings,
         parameters=sum(p.numel() for p in m.model.parameters()),
-        layers=m.layers,
-        heads=m.heads,
-        context_length=m.context_length,
+        layers=m.facts.layers,
+        heads=m.facts.heads,
+        context_length=m.facts.context_length,
     )
 
 
@@ -43,7 +43,7 @@ async def list_models(registry: Registry) -> ModelList:
 async def get_model(model_id: str, registry: Registry) -> ModelCard:
     """A model's summary, configuration and model card (markdown)."""
     m = find_model(registry, model_id, None, "model_id")
-    return ModelCard(**summary(m).model_dump(), config=m.config, card=m.card)
+    return ModelCard(**summary(m).model_dump(), config=m.facts.config, card=m.card)
 
 
 @router.get("/models/{model_id}/card", response_class=HTMLResponse)
@@ -88,25 +88,15 @@ async def health(request: Request, registry: Registry) -> JSONResponse:
 async def info(registry: Registry, settings: AppSettings) -> Info:
     """Service limits and devices (TGI's /info, extended)."""
     devices = sorted({str(next(m.model.parameters()).device) for m in registry.models.values()})
+    models = registry.models.values()
     return Info(
+        **settings.model_dump(include=set(INFO_SETTINGS)),
         models=list(registry.models),
         devices=devices,
-        max_batch_size=settings.max_batch_size,
-        max_queue=settings.max_queue,
-        max_prefill_tokens=settings.max_prefill_tokens,
-        steps_per_schedule=settings.steps_per_schedule,
-        draft_tokens=settings.draft_tokens,
-        max_new_tokens_cap=settings.max_new_tokens_cap,
-        max_prompt_chars=settings.max_prompt_chars,
-        max_prompt_tokens=settings.max_prompt_tokens,
-        request_timeout_s=settings.request_timeout_s,
-        default_eos_bias=settings.default_eos_bias,
         auth=settings.api_token is not None,
-        max_context=settings.max_context,
-        kv_cache_mb=settings.kv_cache_mb,
-        kv_cache_bytes={m.id: m.runner.facts.kv_cache_bytes for m in registry.models.values() if m.runner},
-        context={m.id: m.runner.facts.context_length for m in registry.models.values() if m.runner},
-        compile_seconds={m.id: dict(m.compiler.seconds) for m in registry.models.values() if m.compiler},
+        kv_cache_bytes={m.id: m.facts.kv_cache_bytes for m in models if m.runner},
+        context={m.id: m.facts.context_length for m in models if m.runner},
+        compile_seconds={m.id: dict(m.compiler.seconds) for m in models if m.compiler},
         placement=registry.placement.describe(),
     )
 

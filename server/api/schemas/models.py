@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
+
+from server.config import Settings
 
 
 class ModelSummary(BaseModel):
@@ -41,22 +43,27 @@ class Health(BaseModel):
     )
 
 
-class Info(BaseModel):
+# the settings /info shows, each with its type and description from server/config.py (one declaration)
+INFO_SETTINGS = (
+    "max_batch_size",
+    "max_queue",
+    "max_prefill_tokens",
+    "steps_per_schedule",
+    "draft_tokens",
+    "max_new_tokens_cap",
+    "max_prompt_chars",
+    "max_prompt_tokens",
+    "request_timeout_s",
+    "default_eos_bias",
+    "max_context",
+    "kv_cache_mb",
+)
+
+
+class ServedState(BaseModel):
     models: list[str]
     devices: list[str]
-    max_batch_size: int
-    max_queue: int
-    max_prefill_tokens: int
-    steps_per_schedule: int
-    draft_tokens: int
-    max_new_tokens_cap: int
-    max_prompt_chars: int
-    max_prompt_tokens: int
-    request_timeout_s: float
-    default_eos_bias: float
-    auth: bool
-    max_context: int = Field(description="positions a sequence may reach (longer checkpoint contexts are capped)")
-    kv_cache_mb: int = Field(description="the bound on each model's static KV cache (a slot's context is cut to fit)")
+    auth: bool = Field(description="whether requests need a bearer token (api_token is set)")
     kv_cache_bytes: dict[str, int] = Field(
         description="per model, the bytes its static KV cache holds (max_batch_size slots x its served context)"
     )
@@ -67,3 +74,14 @@ class Info(BaseModel):
     placement: dict = Field(
         description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
     )
+
+
+Info = create_model(
+    "Info",
+    __base__=ServedState,
+    __doc__="Service limits and devices (TGI's /info, extended): the settings in force and what each model runs on.",
+    **{
+        name: (Settings.model_fields[name].annotation, Field(description=Settings.model_fields[name].description))
+        for name in INFO_SETTINGS
+    },
+)

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from server.api.schemas.base import RequestModel, Text
 
 
 class TokenizeRequest(RequestModel):
     model: str | None = Field(None, description="A completion model (default: the first).")
-    text: Text = Field(..., min_length=1)
+    prompt: Text | None = Field(None, min_length=1, description="The text to tokenize (vLLM's name for it).")
+    text: Text | None = Field(None, min_length=1, description="The text to tokenize (the same as `prompt`).")
+
+    @model_validator(mode="after")
+    def _one_text(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.text is None):
+            raise ValueError("give exactly one of prompt (vLLM's name) or text")
+        return self
+
+    @property
+    def content_field(self) -> str:
+        return "prompt" if self.prompt is not None else "text"
+
+    @property
+    def content(self) -> str:
+        return self.prompt if self.prompt is not None else self.text
 
 
 class TokenizeResponse(BaseModel):

@@ -16,7 +16,7 @@ from server.execution.compiler import Pass
 from server.execution.decoder.prompt_pass import PromptPass
 from server.execution.decoder.step import DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
-from server.execution.runner import PROBE, RunnerFacts, StepOutput, context_within, right_padded, start_tokens
+from server.execution.runner import PROBE, ModelFacts, StepOutput, context_within, right_padded, start_tokens
 
 
 class TokenizersCodec:
@@ -50,7 +50,7 @@ class GPTRunner:
         c = model.config
         self.model = model.eval()
         self.tokenizer = TokenizersCodec(tokenizer) if tokenizer is not None else None
-        self.facts = RunnerFacts(
+        self.facts = ModelFacts(
             family=family,
             context_length=c.context_length,
             vocab_size=c.vocab_size,
