@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 
 from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
+from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE, MIN_POSITIVE
 from server.api.schemas.chat import ChatMessage
-from server.api.schemas.generation import GenerateParameters
+from server.api.schemas.generation import NEVER, GenerateParameters
 from server.api.schemas.inspect import AblateRequest, LogitLensRequest, PatchRequest
 from server.config import Settings, default
 from server.engine.events import FinishEvent
@@ -26,7 +26,7 @@ from server.errors import APIError
 from server.features import inspect as inspecting
 from server.features.chat import prepare_chat_job
 from server.features.completion import fill_mask_models, find_model, prepare_completion, stream_sync
-from server.features.constraints import Constraint, compile_matcher
+from server.features.constraints import Constraint, constrained
 from server.features.readouts import attention, attention_png, fill_mask
 from server.serving.registry import ModelRegistry
 
@@ -66,26 +66,28 @@ class Predictor(BasePredictor):
             description="auto: the GPT for complete and attention, both EsperBERTo variants for fill-mask.",
         ),
         max_new_tokens: int = Input(default=64, ge=1, le=CAP, description="complete: tokens to generate at most."),
-        temperature: float = Input(default=0.8, ge=0.0, le=5.0, description="complete: 0 = greedy."),
+        temperature: float = Input(default=0.8, ge=0.0, le=MAX_TEMPERATURE, description="complete: 0 = greedy."),
         top_k: int = Input(
             default=0, ge=0, le=50_000, description="complete: sample among the k most likely (0 = off)."
         ),
-        top_p: float = Input(default=1.0, ge=0.01, le=1.0, description="complete: nucleus mass (1 = off)."),
+        top_p: float = Input(default=1.0, ge=MIN_POSITIVE, le=1.0, description="complete: nucleus mass (1 = off)."),
         repetition_penalty: float = Input(
-            default=1.0, ge=0.01, le=10.0, description="complete: > 1 discourages repeats."
+            default=1.0, ge=MIN_POSITIVE, le=MAX_PENALTY, description="complete: > 1 discourages repeats."
         ),
         stop: str = Input(default="", max_length=1000, description="complete: stop sequences, separated by '|'."),
-        seed: int = Input(default=-1, ge=-1, description="complete: same seed, same output (-1 = random)."),
+        seed: int = Input(
+            default=-1, ge=-1, le=MAX_SEED, description="complete: same seed, same output (-1 = random)."
+        ),
         eos_bias: float | None = Input(
             default=None,
-            ge=-1e9,
-            le=100.0,
+            ge=NEVER,
+            le=MAX_EOS_BIAS,
             description="complete: added to the end-of-text logit; negative = longer outputs, -1e9 = never stop "
             "(unset: the server's TINYSERVE_DEFAULT_EOS_BIAS).",
         ),
         eos_bias_decay: float = Input(
             default=1.0,
-            ge=0.01,
+            ge=MIN_POSITIVE,
             le=1.0,
             description="complete: the EOS bias shrinks by this factor per token (1 = constant).",
         ),
@@ -161,7 +163,7 @@ class Predictor(BasePredictor):
             raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
         if json_schema or regex:
             c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
-            job = replace(job, params=replace(job.params, constraint=compile_matcher(job.model, c)))
+            job = constrained(job, c, self.settings)
         for event in stream_sync(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:

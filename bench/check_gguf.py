@@ -35,7 +35,8 @@ from model_store.gguf_import import import_gguf  # noqa: E402
 from model_store.store import STORE_ROOT, load_gpt  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.engine.core import GenerationEngine  # noqa: E402
-from server.execution.decoder.runner import GPTRunner, TokenizersCodec  # noqa: E402
+from server.execution.decoder.runner import GPTRunner  # noqa: E402
+from server.execution.runner import TextCodec  # noqa: E402
 
 PROMPTS = ["The history of the city begins in the early Middle Ages , when", "In 1998 , the band released", "He"]
 TEXTS = [*PROMPTS, "Ünïcode ☃ and  two spaces", " a leading space"]  # tokenized by llama-server and by us
@@ -168,7 +169,7 @@ def main() -> None:
         want = ours(folder, prompts, args.tokens)
         gguf = export_gguf(folder, scratch / f"{name}.gguf", args.type)
         theirs = llama(bin_dir, gguf, prompts, args.tokens, texts=TEXTS)
-        codec = TokenizersCodec(tokenizer)
+        codec = TextCodec(tokenizer)
         # first differing token (null: all equal), llama-server and the file read back against ours
         report = {
             "exported": args.type,

@@ -11,7 +11,8 @@ from model_store.ingest import add_checkpoint
 from model_store.store import CheckpointError, load_gpt
 from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
-from server.execution.decoder.runner import GPTRunner, TokenizersCodec
+from server.execution.decoder.runner import GPTRunner
+from server.execution.runner import TextCodec
 
 VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -121,7 +122,7 @@ def test_prompts_are_encoded_as_the_checkpoints_tokenizer_does(tmp_path):
     bos, plain = stored(tmp_path, "llama", bos=True)[1], stored(tmp_path, "qwen2")[1]
     for folder, prefix in ((bos, [1]), (plain, [])):
         _, tokenizer = load_gpt(folder)
-        codec = TokenizersCodec(tokenizer)
+        codec = TextCodec(tokenizer)
         assert codec.prefix == prefix
         assert codec.encode("w5 w9 w17") == PreTrainedTokenizerFast.from_pretrained(folder)("w5 w9 w17")["input_ids"]
 
@@ -192,8 +193,12 @@ def test_a_mapped_family_is_not_exported_as_our_gpt(tmp_path):
 def test_the_transformers_runner_starts_prompts_as_its_tokenizer_does(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from server.execution.hf_causal import HFCodec
+    from server.execution.runner import TextCodec
 
     save_family(tmp_path, "llama", bos=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path)
-    assert HFCodec(tokenizer).prefix == [1] and HFCodec(tokenizer).encode("w5 w9") == tokenizer("w5 w9")["input_ids"]
+    codec = TextCodec(tokenizer.backend_tokenizer)  # the one codec, over transformers' own tokenizer
+    assert codec.prefix == [1] and codec.encode("w5 w9") == tokenizer("w5 w9")["input_ids"]
+    assert codec.decode(tokenizer("w5 w9")["input_ids"]) == tokenizer.decode(
+        tokenizer("w5 w9")["input_ids"], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )

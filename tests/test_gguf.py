@@ -166,13 +166,13 @@ def test_q8_0_blocks_are_read_back_as_written(tmp_path, tiny_tokenizer):
 
 
 def test_a_tokenizer_that_starts_with_bos_still_does_after_gguf(tmp_path, tiny_tokenizer):
-    from server.execution.decoder.runner import TokenizersCodec
+    from server.execution.runner import TextCodec
 
     _, folder = stored_family(tmp_path, "llama", tiny_tokenizer, bos=True)
     out = export_gguf(folder, tmp_path / "bos.gguf")
     _, tokenizer = load_gpt(add_checkpoint(out, "bos", tmp_path / "store"))
     eos = eos_id(tiny_tokenizer)
-    assert TokenizersCodec(tokenizer).prefix == [eos]
+    assert TextCodec(tokenizer).prefix == [eos]
     assert tokenizer.encode(TEXT).ids == [eos, *tiny_tokenizer.encode(TEXT).ids]
 
 
@@ -282,12 +282,12 @@ def test_a_sentencepiece_gguf_enters_the_store_encoding_as_transformers_reads_it
     file, BOS included, and decodes them back to the text; the weights are the file's."""
     from transformers import AutoTokenizer
 
-    from server.execution.decoder.runner import TokenizersCodec
+    from server.execution.runner import TextCodec
 
     theirs = sentencepiece_file(tmp_path, tiny_tokenizer)
     back, tokenizer = load_gpt(add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store"))
     reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="sp.gguf")
-    codec = TokenizersCodec(tokenizer)
+    codec = TextCodec(tokenizer)
     for text in (TEXT, "walls stand", "Ünïcode ☃ falls back to bytes"):
         ids = codec.encode(text)
         assert ids == reference(text)["input_ids"] and ids[0] == 1
@@ -303,13 +303,13 @@ def test_a_sentencepiece_tokenizer_leaves_through_gguf_and_comes_back(tmp_path, 
     tokenizer as ours, and the store reads it back with the same ids, BOS first."""
     from transformers import AutoTokenizer
 
-    from server.execution.decoder.runner import TokenizersCodec
+    from server.execution.runner import TextCodec
 
     sentencepiece_file(tmp_path, tiny_tokenizer)
     first = add_checkpoint(tmp_path / "sp.gguf", "sp", tmp_path / "store")
     out = export_gguf(first, tmp_path / "again.gguf")
     _, tokenizer = load_gpt(add_checkpoint(out, "again", tmp_path / "store"))
-    ours, back = TokenizersCodec(load_gpt(first)[1]), TokenizersCodec(tokenizer)
+    ours, back = TextCodec(load_gpt(first)[1]), TextCodec(tokenizer)
     reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="again.gguf")
     for text in (TEXT, "walls stand", "the castle still stands", "Ünïcode ☃"):
         ids = ours.encode(text)

@@ -133,3 +133,28 @@ def test_bad_constraints_are_4xx_naming_the_field(client, path, body, status, fi
     r = client.post(path, json=body)
     assert r.status_code == status, r.text
     assert error_of(r)["field"] == field, r.text
+
+
+@pytest.mark.parametrize(
+    "path, body, status, field",
+    [
+        ("/generate", {"inputs": "w5", "parameters": {"model": "tiny-json", "grammar": {"type": "regex",
+         "value": "w[0-9]"}}}, 422, "parameters.grammar.value"),
+        ("/v1/chat/completions", {"model": "tiny-json", "messages": MESSAGES, "response_format": {
+         "type": "json_object"}}, 400, "response_format"),
+        ("/v1/completions", {"model": "tiny-json", "prompt": "w5", "structured_outputs": {"regex": "w[0-9]"}}, 400,
+         "structured_outputs.regex"),
+    ],
+)  # fmt: skip
+def test_every_route_attaches_a_constraint_within_the_time_limit(client, monkeypatch, path, body, status, field):
+    """One function attaches a constraint for every route (and Cog): a compile slower than the limit is a 422."""
+    import time
+
+    from server.features import constraints
+
+    settings = client.app.state.settings
+    monkeypatch.setattr(settings, "grammar_compile_timeout_s", 0.05)
+    monkeypatch.setattr(constraints, "compile_matcher", lambda m, c: time.sleep(0.5))
+    r = client.post(path, json=body)
+    assert r.status_code == status and error_of(r)["field"] == field, r.text
+    assert "did not compile within 0.05 s" in error_of(r)["error"]

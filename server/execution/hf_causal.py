@@ -15,7 +15,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.config import default
-from server.execution.runner import PROBE, ModelFacts, StepOutput, context_within, right_padded, start_tokens
+from server.execution.runner import ModelFacts, StepOutput, TextCodec, context_within, right_padded
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
@@ -77,21 +77,6 @@ class SlotCache(Cache):
             layer.move(src, dst, length)
 
 
-class HFCodec:
-    """A transformers tokenizer as the seam's codec: its start-of-sequence tokens before a text, no special
-    token shown."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.prefix = start_tokens(*(tokenizer(PROBE, add_special_tokens=b)["input_ids"] for b in (False, True)))
-
-    def encode(self, text: str) -> list[int]:
-        return self.prefix + self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-
 def context_length_of(config) -> int:
     for name in ("max_position_embeddings", "n_positions", "n_ctx"):
         if getattr(config, name, None):
@@ -137,7 +122,9 @@ class HFCausalLMRunner:
         if eos is None:
             raise ValueError("the model names no end-of-text token (config.eos_token_id or the tokenizer's)")
         self.model = model.eval()
-        self.tokenizer = HFCodec(tokenizer)
+        if getattr(tokenizer, "backend_tokenizer", None) is None:
+            raise ValueError("the tokenizer is not a fast one (tokenizer.json): it cannot be served")
+        self.tokenizer = TextCodec(tokenizer.backend_tokenizer)
         self.device = next(model.parameters()).device
         context = served_context(c, max_context)
         per_position = bytes_per_position(c, next(model.parameters()).dtype)

@@ -11,6 +11,7 @@ import torch
 
 log = logging.getLogger("tinyserve")
 
+
 def load_runner(
     runner: str,
     folder: Path,
@@ -65,4 +66,3 @@ def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None)
             folder.name, runner.facts.context_length, full, runner.facts.slots, kv_cache_mb,
         )  # fmt: skip
     return runner
-

@@ -16,17 +16,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-
-
-class TextCodec(Protocol):
-    """Text <-> token ids: encode puts the checkpoint's start-of-sequence tokens (`prefix`, e.g. Llama's
-    BOS) before a text and nothing after it; decode shows no special tokens (end-of-text decodes to '')."""
-
-    prefix: list[int]
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
+from tokenizers import Tokenizer
 
 
 def start_tokens(plain: list[int], full: list[int]) -> list[int]:
@@ -37,6 +27,22 @@ def start_tokens(plain: list[int], full: list[int]) -> list[int]:
 
 
 PROBE = "Hello world"  # encodes to ids in every tokenizer
+
+
+class TextCodec:
+    """Text <-> token ids with the checkpoint's own `tokenizers` tokenizer (transformers' fast tokenizers wrap
+    one): encode puts its start-of-sequence tokens (`prefix`, e.g. Llama's BOS) before a text and nothing after
+    it; decode shows no special tokens (end-of-text decodes to '')."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.prefix = start_tokens(*(tokenizer.encode(PROBE, add_special_tokens=b).ids for b in (False, True)))
+
+    def encode(self, text: str) -> list[int]:
+        return self.prefix + self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @dataclass(frozen=True)

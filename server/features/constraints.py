@@ -11,7 +11,6 @@ vLLM return it).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
 import json
@@ -61,8 +60,7 @@ def tokenizer_of(m: ServedModel):
 def llguidance_tokenizer(codec, vocab_size: int, eos_id: int):
     from llguidance import LLTokenizer
 
-    backend = getattr(codec.tokenizer, "backend_tokenizer", codec.tokenizer)  # transformers' or tokenizers'
-    return LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos_id)
+    return LLTokenizer(codec.tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos_id)
 
 
 def compile_matcher(m: ServedModel, c: Constraint):
@@ -83,17 +81,16 @@ def compile_matcher(m: ServedModel, c: Constraint):
     return matcher
 
 
-async def constrained(job: CompletionJob, c: Constraint | None, settings: Settings) -> CompletionJob:
-    """The job with its constraint compiled (on a worker thread, within grammar_compile_timeout_s)."""
+def constrained(job: CompletionJob, c: Constraint | None, settings: Settings) -> CompletionJob:
+    """The job with its constraint compiled (on a grammar thread, within grammar_compile_timeout_s): how every
+    route and the Cog predictor attach one. It waits for the compile: routes call it on a worker thread."""
     if c is None:
         return job
     if job.model.runner is None:
         raise APIError(422, f"{c.field}: model {job.model.id} does not generate text", c.field)
-    loop = asyncio.get_running_loop()
+    compiling = COMPILERS.submit(compile_matcher, job.model, c)
     try:
-        matcher = await asyncio.wait_for(
-            loop.run_in_executor(COMPILERS, compile_matcher, job.model, c), settings.grammar_compile_timeout_s
-        )
+        matcher = compiling.result(timeout=settings.grammar_compile_timeout_s)
     except TimeoutError:
         limit = settings.grammar_compile_timeout_s
         raise APIError(422, f"{c.field}: did not compile within {limit} s", c.field) from None

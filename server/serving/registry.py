@@ -58,7 +58,7 @@ class ServedModel:
 
     @property
     def kind(self) -> str:
-        """"causal": any causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask."""
+        """ "causal": any causal LM, ours or transformers' (completion, score, attention); "mlm": fill-mask."""
         return self.family.kind
 
 

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 
 from server.api.dependencies import AppSettings, Registry
 from server.api.routers.sse import sse_response
@@ -57,7 +58,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     gives s, s+1, ...); with `logprobs`, each token's logprob and `top_logprobs` alternatives; with
     `stream`, SSE chunks (`stream_options.include_usage`: a last chunk with the usage)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    job = await constrained(prepare_chat(registry, settings, body.model, messages, body), body.constraint(), settings)
+    job = prepare_chat(registry, settings, body.model, messages, body)
+    job = await run_in_threadpool(constrained, job, body.constraint(), settings)
     seed = job.params.seed
     jobs = [replace(job, params=replace(job.params, seed=None if seed is None else seed + j)) for j in range(body.n)]
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), job.model.id

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 
 from server.api.dependencies import AppSettings, Registry
 from server.api.routers.sse import sse_response
@@ -66,7 +67,8 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         for i, prompt in enumerate(body.prompt)
     ]
     if body.structured_outputs is not None:  # compiled once; each row copies the matcher
-        constraint = (await constrained(prompt_jobs[0], body.structured_outputs.constraint(), settings)).params
+        first = await run_in_threadpool(constrained, prompt_jobs[0], body.structured_outputs.constraint(), settings)
+        constraint = first.params
         prompt_jobs = [
             replace(job, params=replace(job.params, constraint=constraint.constraint)) for job in prompt_jobs
         ]

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from sse_starlette import EventSourceResponse
 
 from server.api.dependencies import AppSettings, Registry
@@ -33,7 +34,8 @@ async def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Sett
     fields = Fields(model="parameters.model", prompt="inputs", logit_bias="parameters.logit_bias")
     params = p.to_sampling_params(settings)
     job = prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields)
-    return await constrained(job, p.grammar.constraint("parameters.grammar") if p.grammar else None, settings)
+    grammar = p.grammar.constraint("parameters.grammar") if p.grammar else None
+    return await run_in_threadpool(constrained, job, grammar, settings)
 
 
 def tgi_token(e: TokenEvent) -> Token:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from models.sampling import SamplingParams
-from server.api.schemas.base import RequestModel, Text
+from server.api.schemas.base import MAX_TOKENS, RequestModel, Text
 from server.api.schemas.openai import OpenAISampling, Usage
 from server.api.schemas.structured import Constraint, ResponseFormat
 from server.config import Settings
@@ -28,8 +28,10 @@ class StreamOptions(RequestModel):
 class ChatCompletionRequest(OpenAISampling):
     model: str = Field(..., description="A model whose tokenizer carries a chat template (GET /v1/models: chat).")
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: int | None = Field(None, ge=1, le=100_000, description="Tokens to generate at most (deprecated name).")
-    max_completion_tokens: int | None = Field(None, ge=1, le=100_000, description="Tokens to generate at most.")
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Tokens to generate at most (deprecated name)."
+    )
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Tokens to generate at most.")
     stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=5, description="With logprobs: this many alternatives per token.")

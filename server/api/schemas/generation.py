@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, Strict, StringConstraints, field_validator
 
 from models.sampling import SamplingParams
-from server.api.schemas.base import RequestModel, Text
+from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE, MAX_TOKENS, RequestModel, Text
 from server.api.schemas.structured import TGIGrammar
 from server.config import Settings
 
@@ -30,7 +30,7 @@ class EosControls(RequestModel):
         None,
         description="Added to the end-of-text logit. Negative = longer outputs; -1e9 or less = never stop "
         "(JSON has no -inf). Default: the server's configured default.",
-        le=100.0,
+        le=MAX_EOS_BIAS,
     )
     eos_bias_decay: float | None = Field(
         None,
@@ -39,10 +39,10 @@ class EosControls(RequestModel):
         description="Relax the EOS bias by this factor per generated token (after eos_bias_start).",
     )
     eos_bias_start: int = Field(
-        0, ge=0, le=100_000, description="Generated tokens before the EOS bias starts to relax."
+        0, ge=0, le=MAX_TOKENS, description="Generated tokens before the EOS bias starts to relax."
     )
     min_new_tokens: int = Field(
-        0, ge=0, le=100_000, description="The end-of-text token is impossible before this many tokens."
+        0, ge=0, le=MAX_TOKENS, description="The end-of-text token is impossible before this many tokens."
     )
 
     def eos_params(self, settings: Settings) -> dict:
@@ -59,17 +59,21 @@ class EosControls(RequestModel):
 class GenerateParameters(EosControls):
     model: str | None = Field(None, description="Model id from GET /models (default: the first completion model).")
     max_new_tokens: int = Field(
-        20, ge=1, le=100_000, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
+        20, ge=1, le=MAX_TOKENS, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."
     )
     do_sample: bool = Field(
         False, description="Sample. As in TGI, setting temperature (other than 1), top_k or top_p samples too."
     )
-    temperature: float | None = Field(None, gt=0.0, le=100.0, description="Softmax temperature (> 0) when sampling.")
+    temperature: float | None = Field(
+        None, gt=0.0, le=MAX_TEMPERATURE, description="Softmax temperature (> 0) when sampling."
+    )
     top_k: int | None = Field(None, gt=0, description="Sample among the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, lt=1.0, description="Nucleus sampling: smallest set with this mass.")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="> 1 discourages repeats (CTRL).")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=MAX_PENALTY, description="> 1 discourages repeats (CTRL)."
+    )
     stop: list[StopSequence] = Field([], max_length=16, description="Stop sequences, matched on text (not returned).")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed and inputs give the same output.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Same seed and inputs give the same output.")
     logit_bias: LogitBias = {}
     details: bool = Field(False, description="Return finish reason, token ids, texts and logprobs.")
     grammar: TGIGrammar | None = Field(None, description="Constrain the output to a JSON schema or a regex.")

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
 from models.sampling import SamplingParams
-from server.api.schemas.base import Text, no_nul
+from server.api.schemas.base import MAX_PENALTY, MAX_SEED, MAX_TOKENS, Text, no_nul
 from server.api.schemas.generation import EosControls, LogitBias, StopSequence
 from server.api.schemas.structured import StructuredOutputs
 from server.config import Settings
@@ -23,7 +23,7 @@ def _is_token_ids(v: object) -> bool:
 class OpenAISampling(EosControls):
     """What /v1/completions and /v1/chat/completions share: sampling, stops, penalties, structured output."""
 
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy (OpenAI's range: 0 to 2).")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, gt=0, description="Extension: sample among the k most likely tokens.")
     n: int = Field(1, ge=1, le=16, description="Outputs per prompt (seed s gives seeds s, s+1, ...).")
@@ -31,9 +31,9 @@ class OpenAISampling(EosControls):
     stop: StopSequence | list[StopSequence] = Field([], description="Up to 4 stop sequences.")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="Extension: CTRL-style penalty.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=MAX_PENALTY, description="Extension: CTRL-style penalty.")
     logit_bias: LogitBias = {}
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     user: str | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: json, regex, choice or grammar.")
 
@@ -73,7 +73,7 @@ class CompletionRequest(OpenAISampling):
     max_tokens: int = Field(
         16,
         ge=0,
-        le=100_000,
+        le=MAX_TOKENS,
         description="Tokens to generate at most (capped by the server's max_new_tokens_cap); 0 with `echo` "
         "scores the prompt without generating.",
     )

@@ -16,23 +16,7 @@ from server.execution.compiler import Pass
 from server.execution.decoder.prompt_pass import PromptPass
 from server.execution.decoder.step import DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
-from server.execution.runner import PROBE, ModelFacts, StepOutput, context_within, right_padded, start_tokens
-
-
-class TokenizersCodec:
-    """A `tokenizers` tokenizer as the seam's codec: text is encoded as the checkpoint's own tokenizer
-    starts a sequence (Llama's BOS; nothing for GPT-2, Qwen and ours), and never ends one."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        probe = (tokenizer.encode(PROBE, add_special_tokens=b).ids for b in (False, True))
-        self.prefix = start_tokens(*probe)
-
-    def encode(self, text: str) -> list[int]:
-        return self.prefix + self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+from server.execution.runner import ModelFacts, StepOutput, TextCodec, context_within, right_padded
 
 
 def fit_context(model: GPT, rows: int, budget_bytes: int | None) -> int:
@@ -49,7 +33,7 @@ class GPTRunner:
     ) -> None:
         c = model.config
         self.model = model.eval()
-        self.tokenizer = TokenizersCodec(tokenizer) if tokenizer is not None else None
+        self.tokenizer = TextCodec(tokenizer) if tokenizer is not None else None
         self.facts = ModelFacts(
             family=family,
             context_length=c.context_length,
