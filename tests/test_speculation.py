@@ -18,26 +18,28 @@ FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}
 
 
 def test_a_draft_is_what_followed_the_longest_earlier_match():
-    lookup = PromptLookup()
-    lookup.extend([5, 6, 7, 8, 1, 6, 7, 9, 4, 6, 7])
-    assert lookup.draft(3) == [9, 4, 6]  # "6 7" last went on with 9 (not 8), and "4 6 7" never came before
-    lookup.extend([9, 4])
-    assert lookup.draft(2) == [6, 7]  # "9 4" went on with 6 7
-    assert lookup.draft(10) == [6, 7, 9, 4]  # no further than the sequence
-    lookup.extend([3])
-    assert lookup.draft(3) == []  # 3 never came before
+    lookup, tokens = PromptLookup(), [5, 6, 7, 8, 1, 6, 7, 9, 4, 6, 7]
+    lookup.index(tokens)
+    assert lookup.draft(tokens, 3) == [9, 4, 6]  # "6 7" last went on with 9 (not 8), and "4 6 7" never came before
+    tokens += [9, 4]
+    lookup.index(tokens)
+    assert lookup.draft(tokens, 2) == [6, 7]  # "9 4" went on with 6 7
+    assert lookup.draft(tokens, 10) == [6, 7, 9, 4]  # no further than the sequence
+    tokens += [3]
+    lookup.index(tokens)
+    assert lookup.draft(tokens, 3) == []  # 3 never came before
 
 
 def test_the_index_grown_token_by_token_is_the_index_made_at_once():
     tokens = [1, 2, 3, 1, 2, 4, 1, 2, 3, 3, 1]
     whole, grown = PromptLookup(), PromptLookup()
-    whole.extend(tokens)
-    for i, token in enumerate(tokens):
-        grown.extend([token])
+    whole.index(tokens)
+    for i in range(len(tokens)):
+        grown.index(tokens[: i + 1])
         partial = PromptLookup()
-        partial.extend(tokens[: i + 1])
-        assert grown.draft(3) == partial.draft(3)
-    assert grown.draft(3) == whole.draft(3) == [2, 4, 1]  # "3 1" went on with 2 4 1
+        partial.index(tokens[: i + 1])
+        assert grown.draft(tokens[: i + 1], 3) == partial.draft(tokens[: i + 1], 3)
+    assert grown.draft(tokens, 3) == whole.draft(tokens, 3) == [2, 4, 1]  # "3 1" went on with 2 4 1
 
 
 def test_the_model_agrees_with_a_draft_up_to_its_first_other_token():
@@ -59,24 +61,25 @@ class Checker:
 
 
 def test_a_check_takes_the_pending_token_and_padded_drafts_with_each_tokens_eos_bias():
-    lookup = PromptLookup()
-    lookup.extend([1, 2, 3, 9, 1, 2])
+    lookup, tokens = PromptLookup(), [1, 2, 3, 9, 1, 2]
+    lookup.index(tokens)
     runner = Checker([3, 9, 5, 7])
-    made = speculate(runner, lookup, 6, lambda i: 10.0 * i, limit=3)
+    made = speculate(runner, lookup, tokens, 6, lambda i: 10.0 * i, limit=3)
     assert runner.calls == [([2, 3, 9, 1], 6, [0.0, 10.0, 20.0, 30.0])]  # "1 2" went on with 3 9 1
     assert made == ([3, 9, 5], [0.0, -1.0, -2.0], 3)  # 3 and 9 agreed, then the model's own 5
-    speculate(runner, lookup, 6, lambda i: 0.0, limit=1)
+    speculate(runner, lookup, tokens, 6, lambda i: 0.0, limit=1)
     assert runner.calls[-1][0] == [2, 3, 3, 3]  # one draft, padded
 
 
 def test_no_check_runs_past_the_context_or_without_a_draft():
-    lookup = PromptLookup()
-    lookup.extend([1, 2, 1])
+    lookup, tokens = PromptLookup(), [1, 2, 1]
+    lookup.index(tokens)
     runner = Checker([2, 1, 2, 1], context=20)
-    assert speculate(runner, lookup, 16, lambda i: 0.0, limit=3) is not None  # positions 16..19
-    assert speculate(runner, lookup, 17, lambda i: 0.0, limit=3) is None
-    lookup.extend([7])
-    assert speculate(runner, lookup, 10, lambda i: 0.0, limit=3) is None
+    assert speculate(runner, lookup, tokens, 16, lambda i: 0.0, limit=3) is not None  # positions 16..19
+    assert speculate(runner, lookup, tokens, 17, lambda i: 0.0, limit=3) is None
+    tokens += [7]
+    lookup.index(tokens)
+    assert speculate(runner, lookup, tokens, 10, lambda i: 0.0, limit=3) is None
     assert len(runner.calls) == 1
 
 

@@ -68,23 +68,27 @@ class GenerationEngine:
         self.steps_per_schedule = steps_per_schedule
         self.draft_tokens = draft_tokens if runner.facts.verify_tokens else 0  # 0: no speculation
         self.stats = EngineStats()
-        self.wake: Callable[[], None] = lambda: None  # set by the compute thread that drives the engine
+        self.driver: ComputeThread | None = None  # the compute thread whose loop runs this engine (`drive_with`)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._lock = threading.Lock()
         self._rows: list[RunningRow] = []  # row i owns slot i of the decode step's cache
-        self._own_thread: ComputeThread | None = None
+        self._to_sample: list[tuple[RunningRow, torch.Tensor]] = []  # rows whose token the sampler chooses, (V,)
 
-    # -- lifecycle (an engine used on its own: tests, benchmarks) -------------------------------
+    # -- who runs it: a compute thread calls `run_once` while `has_work`; `submit` wakes that thread -----
+
+    def drive_with(self, thread: ComputeThread) -> None:
+        """Be run by this compute thread's loop (the server's engines share its one thread)."""
+        self.driver = thread
+        thread.attach(self)
 
     def start(self) -> None:
-        """Run on a compute thread of its own (the server attaches its engines to the shared one)."""
-        self._own_thread = ComputeThread(f"engine-{id(self):x}")
-        self._own_thread.attach(self)
-        self._own_thread.start()
+        """Run on a compute thread of its own (an engine used on its own: tests, benchmarks)."""
+        self.drive_with(ComputeThread(f"engine-{id(self):x}"))
+        self.driver.start()
 
     def stop(self) -> None:
-        if self._own_thread is not None:
-            self._own_thread.stop()
+        if self.driver is not None:
+            self.driver.stop()
 
     # -- submitting ----------------------------------------------------------------------------
 
@@ -106,7 +110,8 @@ class GenerationEngine:
                 raise QueueFullError(f"{len(self._waiting)} requests waiting (max_queue={self.max_queue})")
             self._waiting.append(req)
             self.stats.queued = len(self._waiting)
-        self.wake()
+        if self.driver is not None:
+            self.driver.wake()
         return req
 
     def _withdraw(self, req: GenerationRequest) -> None:
@@ -142,7 +147,7 @@ class GenerationEngine:
                 for req in admitted:  # taken from the queue, not prefilled yet
                     if id(req) not in placed:
                         self._finish_request(req, "error", message)
-                self._rows = []
+                self._rows, self._to_sample = [], []
                 self.stats.running = 0
 
     def cancel_all(self, message: str) -> None:
@@ -184,7 +189,7 @@ class GenerationEngine:
         """Decode the running rows (one step when prompts were admitted), then prefill the admitted prompts into the
         slots after them (each new row leaves with its first token's logits). Rows with only their first token (a
         burst arriving in parts) skip their step instead, so that the new rows join the next one level with them."""
-        if self._rows and not (admitted and all(len(row.generated) <= 1 for row in self._rows)):
+        if self._rows and not (admitted and all(row.generated <= 1 for row in self._rows)):
             steps = self._steps_ahead(self._rows, admitted)
             if steps > 1:
                 self._decode_greedy(self._rows, steps)
@@ -198,19 +203,17 @@ class GenerationEngine:
         greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
         vocab = self.runner.facts.vocab_size
         out = self.runner.decode(
-            [row.generated[-1] for row in running],
-            [row.length for row in running],
+            [row.tokens[-1] for row in running],
+            [row.cached for row in running],
             [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
             [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
         )
         sampled = [i for i, g in enumerate(greedy) if not g]
         copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
         for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
-            row.length += 1
             if g:
                 row.draws.append(greedy_draw(row, token, logprob))
-        for j, i in enumerate(sampled):
-            running[i].logits = copies[j]
+        self._to_sample += [(running[i], copies[j]) for j, i in enumerate(sampled)]
         self.stats.decode_steps += 1
 
     def _steps_ahead(self, running: list[RunningRow], admitted: list[GenerationRequest]) -> int:
@@ -222,21 +225,21 @@ class GenerationEngine:
             return 1
         if not all(r.req.params.greedy and r.sampling.matcher is None and not r.req.params.stop for r in running):
             return 1
-        return min(self.steps_per_schedule, min(row.max_new - len(row.generated) for row in running))
+        return min(self.steps_per_schedule, min(row.max_new - row.generated for row in running))
 
     def _decode_greedy(self, running: list[RunningRow], steps: int) -> None:
         """Up to `steps` tokens a row back to back, each step's greedy tokens fed to the next (a lone row's drafts
         checked in one pass where it has some: speculation.py); they stop after a row's end of text, when a
         request arrives (its prefill should not wait) or when a running one is cancelled."""
         ends = [{self.eos_id, *row.req.params.stop_token_ids} for row in running]
-        tokens = [row.generated[-1] for row in running]
+        tokens = [row.tokens[-1] for row in running]
         ahead = 0
         while ahead < steps:
             made = self._verified(running, ahead, steps - ahead)
             if made is None:
                 out = self.runner.decode(
                     tokens,
-                    [row.length + ahead for row in running],
+                    [row.cached + ahead for row in running],
                     [row.sampling.eos_logit_bias(ahead) for row in running],
                     [None] * len(running),  # unconstrained
                 )
@@ -247,8 +250,6 @@ class GenerationEngine:
             tokens = [new[-1][0] for new in made]
             if any(ended) or self._waiting or any(row.req.cancelled.is_set() for row in running):
                 break
-        for row in running:
-            row.length += len(row.draws)
 
     def _verified(self, running: list[RunningRow], ahead: int, budget: int) -> list[list[tuple[int, float]]] | None:
         """A lone row's next tokens from one draft check (speculation.py), at most `budget`; None: decode."""
@@ -256,7 +257,8 @@ class GenerationEngine:
             return None
         row, bias = running[0], running[0].sampling.eos_logit_bias
         limit = min(self.draft_tokens, budget - 1)
-        made = speculate(self.runner, row.lookup(), row.length + ahead, lambda i: bias(ahead + i), limit)
+        lookup, tokens = row.lookup()
+        made = speculate(self.runner, lookup, tokens, row.cached + ahead, lambda i: bias(ahead + i), limit)
         if made is None:
             return None
         tokens, logprobs, drafted = made
@@ -291,20 +293,22 @@ class GenerationEngine:
                 self._finish_request(reqs[0], "error", f"{type(e).__name__}: {e}")
             return
         self.stats.prefill_passes += 1
-        for req, row_logits in zip(reqs, logits, strict=True):
-            max_new = min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids))
-            self._rows.append(RunningRow(req, row_logits, max_new))
+        for req, row_logits in zip(reqs, logits, strict=True):  # a new row's first token: always the sampler's
+            row = RunningRow(req, min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids)))
+            self._rows.append(row)
+            self._to_sample.append((row, row_logits))
 
     # -- 3. sample -----------------------------------------------------------------------------
 
     def _sample(self) -> None:
-        """Every row whose token the decode step did not choose: one call of the batch sampler."""
-        pending = [row for row in self._rows if row.logits is not None]
-        if pending:
-            logits = torch.stack([row.logits for row in pending])
-            for row, draw in zip(pending, sample(logits, [r.sampling for r in pending], self.eos_id), strict=True):
+        """Every row whose token the run did not choose (sampled rows, new rows): one call of the batch sampler."""
+        if self._to_sample:
+            rows, logits = zip(*self._to_sample, strict=True)
+            self._to_sample = []
+            for row, draw in zip(
+                rows, sample(torch.stack(logits), [r.sampling for r in rows], self.eos_id), strict=True
+            ):
                 row.draws.append(draw)
-                row.logits = None
 
     # -- 4. output -----------------------------------------------------------------------------
 
@@ -328,7 +332,7 @@ class GenerationEngine:
                 movers.append(row)
         holes = [i for i, row in enumerate(placed) if row is None]
         for row, hole in zip(movers, holes, strict=True):
-            self.runner.move(slot[id(row)], hole, row.length)
+            self.runner.move(slot[id(row)], hole, row.cached)
             placed[hole] = row
         self._rows = placed
 
@@ -348,13 +352,12 @@ class GenerationEngine:
         eos = draw.token == self.eos_id or draw.token in row.req.params.stop_token_ids  # a chat's end of turn too
         complete = False  # a constraint's grammar is complete: nothing more may follow
         if not eos:
-            row.generated.append(draw.token)
-            complete = row.sampling.advance(draw.token)
+            complete = row.sampling.advance(draw.token)  # appends the token to row.tokens
         matcher = row.sampling.matcher
         if matcher is not None and matcher.is_error():
             self._finish(row, "error", f"constraint: {matcher.get_error()}")
             return
-        end = "eos_token" if eos or complete else "length" if len(row.generated) >= row.max_new else None
+        end = "eos_token" if eos or complete else "length" if row.generated >= row.max_new else None
         self._emit(row.req, Sampled(draw.token, draw.logprob, draw.top, eos, end))
         if end is not None:
             self._finish(row, end)
@@ -375,7 +378,7 @@ class GenerationEngine:
     def _finish(self, row: RunningRow, reason: str, message: str = "") -> None:
         row.finished = True
         self.stats.finished[reason] += 1
-        self._emit(row.req, Retired(reason, len(row.generated), len(row.req.prompt_ids), message))
+        self._emit(row.req, Retired(reason, row.generated, len(row.req.prompt_ids), message))
 
     # -- synchronous use (tests, command line, Cog): text made on the caller's thread ----------
 

@@ -49,17 +49,27 @@ class GenerationRequest:
 class RunningRow:
     """A request in the running batch."""
 
-    def __init__(self, req: GenerationRequest, logits: torch.Tensor, max_new: int) -> None:
+    def __init__(self, req: GenerationRequest, max_new: int) -> None:
         self.req = req
-        self.logits: torch.Tensor | None = logits  # (V,) raw logits of this step, for the batch sampler
-        self.draws: list[Draw] = []  # or this run's tokens, chosen (greedy rows: by the decode step)
-        self.generated: list[int] = []  # the last one is not in the cache yet: the next run decodes it
-        self.length = len(req.prompt_ids)  # real tokens in the cache
+        # the row's tokens, held once: its prompt, then each generated token but an end of text, appended by
+        # its sampling state (which reads them for the repetition penalty)
+        self.tokens = list(req.prompt_ids)
+        self.draws: list[Draw] = []  # this run's tokens, chosen (greedy rows: by the decode step), not sent yet
         self.max_new = max_new
         generator = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
-        self.sampling = SequenceState(req.params, list(req.prompt_ids), 0, generator)
+        self.sampling = SequenceState(req.params, self.tokens, 0, generator)
         self.finished = False  # its finish event is out: the next schedule retires it
         self._lookup = PromptLookup()  # its tokens' n-grams, where it drafts (built at its first draft)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far (sent, the end of text excluded)."""
+        return len(self.tokens) - len(self.req.prompt_ids)
+
+    @property
+    def cached(self) -> int:
+        """Tokens whose keys and values are in the cache: all but the last, which the next step decodes."""
+        return len(self.tokens) - 1
 
     def take(self, made: list[tuple[int, float]], ends: set[int]) -> bool:
         """A greedy pass's (token, logprob) pairs as draws, up to an end token (the pass's tokens after it are
@@ -70,14 +80,11 @@ class RunningRow:
                 return True
         return False
 
-    def lookup(self) -> PromptLookup:
-        """The index of the row's tokens (prompt, generated, this run's draws), brought up to date."""
-        prompt = self.req.prompt_ids
-        if len(self._lookup) < len(prompt):
-            self._lookup.extend(prompt[len(self._lookup) :])
-        made = self.generated + [d.token for d in self.draws]
-        self._lookup.extend(made[len(self._lookup) - len(prompt) :])
-        return self._lookup
+    def lookup(self) -> tuple[PromptLookup, list[int]]:
+        """The index of the row's tokens and this run's draws, brought up to date, and those tokens."""
+        tokens = self.tokens + [d.token for d in self.draws]
+        self._lookup.index(tokens)
+        return self._lookup, tokens
 
 
 @dataclass

@@ -22,25 +22,22 @@ class PromptLookup:
     continuation ends, extended as the sequence grows: a draft costs a few dictionary reads, not a scan."""
 
     def __init__(self) -> None:
-        self.tokens: list[int] = []
+        self.indexed = 0  # the sequence's first tokens indexed so far (the sequence itself is its owner's)
         self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after its latest occurrence
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def extend(self, tokens: list[int]) -> None:
-        for token in tokens:
-            end = len(self.tokens)  # the n-grams ending here now have a continuation: this token
+    def index(self, tokens: list[int]) -> None:
+        """Index the tokens added since the last call (the sequence only grows)."""
+        for end in range(max(self.indexed, 1), len(tokens)):  # n-grams ending at `end` continue with tokens[end]
             for n in range(1, min(LONGEST_NGRAM, end) + 1):
-                self._ends[tuple(self.tokens[end - n : end])] = end
-            self.tokens.append(token)
+                self._ends[tuple(tokens[end - n : end])] = end
+        self.indexed = len(tokens)
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, tokens: list[int], limit: int) -> list[int]:
         """Up to `limit` tokens that followed the longest earlier occurrence of the sequence's last tokens."""
-        for n in range(min(LONGEST_NGRAM, len(self.tokens)), SHORTEST_NGRAM - 1, -1):
-            end = self._ends.get(tuple(self.tokens[-n:]))
+        for n in range(min(LONGEST_NGRAM, len(tokens)), SHORTEST_NGRAM - 1, -1):
+            end = self._ends.get(tuple(tokens[-n:]))
             if end is not None:
-                return self.tokens[end : end + limit]
+                return tokens[end : end + limit]
         return []
 
 
@@ -53,18 +50,24 @@ def agreed(draft: list[int], greedy: list[int]) -> int:
 
 
 def speculate(
-    runner: CausalLMRunner, lookup: PromptLookup, position: int, eos_bias: Callable[[int], float], limit: int
+    runner: CausalLMRunner,
+    lookup: PromptLookup,
+    tokens: list[int],
+    position: int,
+    eos_bias: Callable[[int], float],
+    limit: int,
 ) -> tuple[list[int], list[float], int] | None:
-    """A sequence's next tokens from one draft check: its pending token (the last of `lookup`, at `position` of
+    """A sequence's next tokens from one draft check: its pending token (the last of `tokens`, indexed by `lookup`,
+    at `position` of
     slot 0) and up to `limit` drafts in one pass (the runner's `verify`); the greedy token after the pending one
     and after each draft token the model agreed with, their logprobs, and how many tokens were drafted.
     eos_bias(i): the EOS bias of the token after the i-th. None where there is no draft, no draft check ready,
     or the pass would run past the context: decode a step instead."""
     width = runner.facts.verify_tokens
-    draft = lookup.draft(min(limit, width - 1))
+    draft = lookup.draft(tokens, min(limit, width - 1))
     if not draft or position + width > runner.facts.context_length:
         return None
-    padded = [lookup.tokens[-1], *draft] + [draft[-1]] * (width - 1 - len(draft))  # what follows is not read
+    padded = [tokens[-1], *draft] + [draft[-1]] * (width - 1 - len(draft))  # what follows is not read
     checked = runner.verify(padded, position, [eos_bias(i) for i in range(width)])
     if checked is None:
         return None

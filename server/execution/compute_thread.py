@@ -30,9 +30,8 @@ log = logging.getLogger("tinyserve")
 
 
 class Scheduler(Protocol):
-    """What the compute thread drives: an engine's scheduling loop, one iteration per call."""
-
-    wake: Callable[[], None]  # set by the thread: call it when work arrives
+    """What the compute thread drives: an engine's scheduling loop, one iteration per call; the engine calls the
+    thread's `wake` when work arrives."""
 
     def has_work(self) -> bool: ...
 
@@ -87,7 +86,6 @@ class ComputeThread:
         """Drive this engine's scheduling loop (admit, decode step) from the compute thread."""
         with self._wake:
             self._engines.append(engine)
-        engine.wake = self.wake
 
     def wake(self) -> None:
         """An engine got work."""

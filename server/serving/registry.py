@@ -122,7 +122,7 @@ class ModelRegistry:
             served = self._load(info.id, info.path, info.family, device, dtype)
             self.compute.guard(served.model)
             if served.engine is not None:
-                self.compute.attach(served.engine)
+                served.engine.drive_with(self.compute)
             added = {**self.models, info.id: served}
             self.models = {i: added[i] for i in self.order if i in added}
             quantized = served.runner is not None and self.settings.weights != "native"  # completion models only
