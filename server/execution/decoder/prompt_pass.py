@@ -17,7 +17,7 @@ import torch
 
 from models.gpt import GPT
 from models.kv_cache import StaticKVCache
-from server.execution.decoder.step import DecodeStep
+from server.execution.decoder.step import DecodeStep, forward_over
 
 # (ids (B, T), positions (B, T), last (B,), *cache views (B, *, T, *)) -> next-token logits (B, vocab);
 # writes the prompts' keys and values into the views
@@ -29,10 +29,11 @@ EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (
 def prompt_pass(model: GPT, n_layer: int) -> PromptFn:
     """The prefill as a plain function of tensors (the form every compiler takes)."""
 
+    forward = forward_over(model, n_layer)
+
     def prefill(ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
-        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        out = model.forward(ids, input_pos=positions, cache=StaticKVCache.from_tensors(cache, n_layer), logits_at=last)
-        return out.logits[:, 0]  # (B, vocab)
+        """-> the logits after each row's last prompt token (B, vocab)."""
+        return forward(ids, positions, cache, logits_at=last)[:, 0]
 
     return prefill
 

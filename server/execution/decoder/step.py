@@ -39,6 +39,19 @@ StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
 
 
+def forward_over(model: GPT, n_layer: int, **options) -> Callable[..., torch.Tensor]:
+    """The one call of the model behind every pass (the decode step, the prompts' pass, the draft check):
+    forward(ids (B, T), positions (B, T), cache tensors, logits_at=None) -> logits (B, T or 1, vocab), the ids'
+    keys and values written into the cache. Each pass is this call and a head that makes what it returns."""
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor, cache, logits_at=None) -> torch.Tensor:
+        static = StaticKVCache.from_tensors(cache, n_layer)
+        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
+        return model.forward(ids, input_pos=positions, cache=static, logits_at=logits_at, **options).logits
+
+    return forward
+
+
 def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     """The decode step as a plain function of tensors (the form every compiler takes).
 
@@ -52,6 +65,7 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     handles.
     """
     eos_id = model.config.eos_token_id
+    forward = forward_over(model, n_layer, fused_attention=fused_attention)
 
     def step(
         tokens: torch.Tensor,
@@ -60,10 +74,8 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
         allowed: torch.Tensor,
         *cache: torch.Tensor,
     ):
-        static = StaticKVCache.from_tensors(cache, n_layer)
-        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        out = model.forward(tokens, input_pos=positions, cache=static, fused_attention=fused_attention)
-        logits = out.logits[:, -1]  # (b, vocab)
+        """-> greedy tokens (b,), their logprobs (b,), the logits (b, vocab)."""
+        logits = forward(tokens, positions, cache)[:, -1]  # (b, vocab)
         return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
 
     return step

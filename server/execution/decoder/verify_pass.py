@@ -18,9 +18,8 @@ import numpy as np
 import torch
 
 from models.gpt import GPT
-from models.kv_cache import StaticKVCache
 from models.sampling import greedy_choice
-from server.execution.decoder.step import COLUMN_STEP, DecodeStep
+from server.execution.decoder.step import COLUMN_STEP, DecodeStep, forward_over
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
 
@@ -32,12 +31,11 @@ VerifyFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 def verify_pass(model: GPT, n_layer: int) -> VerifyFn:
     """The draft check as a plain function of tensors (the form every compiler takes)."""
     eos_id = model.config.eos_token_id
+    forward = forward_over(model, n_layer)
 
     def verify(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
-        static = StaticKVCache.from_tensors(cache, n_layer)
-        # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        out = model.forward(tokens, input_pos=positions, cache=static)
-        return greedy_choice(out.logits[0], eos_bias[0], eos_id)  # (T,), (T,)
+        """-> the greedy token after each of the T tokens (T,) and its logprob (T,)."""
+        return greedy_choice(forward(tokens, positions, cache)[0], eos_bias[0], eos_id)
 
     return verify
 
