@@ -5,11 +5,11 @@ A decode step reads every weight once per token, so on a CPU its time is mostly 
 bf16's. On the CPU, a product of few rows calls aten's `_weight_int8pack_mm` (int8 weights x bf16/fp32
 activations; inductor lowers it to its C++ GEMM template or keeps aten's kernel); a product of more rows
 dequantizes the weight into an ordinary linear product, which a compiler freezing the weights folds into
-a constant and prepacks for oneDNN's GEMM (at 32 x 384 x 1536, 109 us against aten's int8 kernel's 293
-us: docs/BENCHMARKS.md). Elsewhere the scales multiply the product (gpt-fast's form).
+a constant and prepacks for oneDNN's GEMM (faster there than aten's int8 kernel: docs/BENCHMARKS.md, "Why these
+paths"). Elsewhere the scales multiply the product (gpt-fast's form).
 
 Without AVX-512, aten's int8 kernel is vectorized for bf16 activations only (its float32 path is
-scalar: 8x slower than a float32 product there) and inductor's int8 GEMM template takes bf16
+scalar: far slower than a float32 product there) and inductor's int8 GEMM template takes bf16
 activations only; so a float32 model's int8 layers round their activations to bf16 for the kernel on
 such CPUs (`kernel_dtype`), as a bf16 model's are everywhere.
 """
@@ -37,7 +37,7 @@ class WeightOnlyInt8Linear(nn.Module):
         self.register_buffer("scales", scales.to(dtype))
         self.kernel_dtype = int8_kernel_dtype(dtype) if linear.weight.device.type == "cpu" else dtype
         # aten's kernel takes its scales in its activations' dtype; a bf16 -> float32 conversion of the
-        # scales in `dequantized` would not be folded by a compiler (measured: 17 against 12.6 ms at 32 rows)
+        # scales in `dequantized` would not be folded by a compiler, and would slow a many-row step
         kernel_scales = scales.to(self.kernel_dtype) if self.kernel_dtype != dtype else None
         self.register_buffer("kernel_scales", kernel_scales, persistent=False)
         self.register_buffer("bias", linear.bias.detach().clone() if linear.bias is not None else None)

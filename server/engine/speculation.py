@@ -3,8 +3,8 @@ vLLM's "ngram" method): where the last few tokens appeared before, the tokens th
 draft, and the model checks the pending token and the draft in one pass (the runner's `verify`). A greedy
 sequence keeps the tokens it would have made one step at a time (up to the pass's own rounding); each draft token
 the model agrees with is a decode step, and a read of every weight, saved. Small models' greedy text repeats
-itself, and quotes its prompt, often: gpt-wikitext2 continued the benchmark prompt's 64 tokens in ~28 passes (21
-checks of up to 3 drafts, 7 plain steps) instead of 63 (docs/BENCHMARKS.md).
+itself, and quotes its prompt, often, so its greedy continuation takes far fewer passes than tokens
+(docs/BENCHMARKS.md, "AVX2 CPU", "Drafts").
 """
 
 from __future__ import annotations

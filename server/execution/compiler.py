@@ -1,22 +1,25 @@
 """Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
 
-Three targets have buckets to compile: the GPT's decode step (server/execution/decoder/step.py: one per row
-count, its key columns a dynamic dimension), its prompts' pass (prompt_pass.py beside it: one graph, group size
-and prompt length dynamic) and the EsperBERTo encoder (server/execution/encoder_step.py). Each gives the compiler its
-buckets, the function to trace (`traced`; the GPT's also `regional`), and example inputs of a bucket's shapes;
-the compiler fills its `compiled` dict.
+The compiler fills the `compiled` dict (bucket -> compiled function) of four classes, its targets: `DecodeStep`
+(server/execution/decoder/step.py: one bucket per row count, its key columns a dynamic dimension), `PromptPass`
+(prompt_pass.py beside it: one graph, group size and prompt length dynamic), `VerifyPass` (verify_pass.py beside
+it: the draft check, one graph, on the CPU only) and `EncoderStep` (server/execution/encoder_step.py: one bucket
+per padded length). `BackgroundCompiler.run` writes a bucket's entry once its graph is built and checked; each
+class reads its own dict at every call, on the compute thread, and serves a bucket without an entry otherwise
+(eagerly, or, for the decode step, on a larger built bucket; the runner has no draft check without one). Each
+gives the compiler its buckets, the function to trace (`traced`; the decode step's also `regional`), and example
+inputs of a bucket's shapes.
 
 A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
-layers (server/execution/decoder/prepacked.py), bound to the graph's direct call (SmolLM2-135M's shape, bf16,
-Zen 4: 27-35 s a bucket against ~100 s whole and frozen). Whole, on the CPU with inductor's freezing: the
-weights become constants, which the C++ GEMM template needs, and oneDNN's linear layers take their bias and
-activation: faster at every row count (SmolLM2's shape one row 5.8 against 15.2 ms, 32 rows 34.8 against 35.5;
-gpt-wikitext2's 32 rows 4.29 against 4.50), so on the CPU every bucket is then built whole too, and its frozen
-graph replaces the regional one: compiled steps from the first half-minute, the fastest ones later. Freezing is set in
-inductor's config around the first call (passed as torch.compile(options=...) it never takes effect). On
-CUDA a step is built regionally with inductor's defaults (Triton kernels), and the compute thread replays it as
-a CUDA graph per shape (server/execution/decoder/cuda_graphs.py).
+layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build. Whole, on the
+CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs, and oneDNN's linear
+layers take their bias and activation: slower to build, but faster at every row count, so on the CPU every bucket
+is then built whole too, and its frozen graph replaces the regional one: compiled steps soon after start-up, the
+fastest ones later (docs/BENCHMARKS.md, "Compiling"). Freezing is set in inductor's config around the first call
+(passed as torch.compile(options=...) it never takes effect). On CUDA a step is built regionally with inductor's
+defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
+(server/execution/decoder/cuda_graphs.py).
 
 A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread
 has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked against
@@ -25,7 +28,7 @@ line and leaves the bucket as it was. The engine then calls the built graph itse
 (server/execution/graph_call.py). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form, pass and
 torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its cache. A frozen CPU
 graph holds oneDNN tensors, which inductor does not pickle: the CPU's frozen passes compile at every start, its
-regional ones come from the cache, as measured in docs/BENCHMARKS.md.
+regional ones come from the cache (docs/BENCHMARKS.md, "Compiling").
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class Compilable(Protocol):
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step also has `regional`: the same function over a copy of its model whose blocks are one
     # compile region (regional_copy), traced with the weights as graph inputs
-    compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]  # bucket -> compiled, when ready
+    # bucket -> compiled, written by BackgroundCompiler.run when built and checked; read by the target's own call
+    compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]
 
     def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
         """Scratch inputs of the bucket's shapes, the same values at every call (the function may write to them)."""
@@ -94,11 +98,10 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: s
 
 
 # On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
-# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32): the
-# one-row step of gpt-wikitext2 took 1.6 against 3.1 ms in bf16, 2.9 against 4.5 in float32; from 8 rows
-# the prepacked layers win (docs/BENCHMARKS.md). Without AVX-512 the template wins at every row count:
-# MKL's float32 GEMM took 1.7-2.9x its time at 8-32 rows on an AVX2 EPYC (bench/bench_cpu_gemm.py), and
-# oneDNN has no bf16 there. The template is the only choice offered, so nothing is benchmarked at compile time.
+# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32); above it
+# the prepacked layers win. Without AVX-512 the template wins at every row count: MKL's float32 GEMM is slower
+# there, and oneDNN has no bf16 (docs/BENCHMARKS.md, "Why these paths"). The template is the only choice
+# offered, so nothing is benchmarked at compile time.
 TEMPLATE_GEMM_MAX_ROWS = 4
 PREPACKED = {"freezing": True}
 
@@ -113,8 +116,8 @@ def template_serves(rows: int | None) -> bool:
 def inductor_settings(device: torch.device, rows: int | None) -> dict:
     """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
     set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
-    the freezing decision was made, and the weights stay graph inputs (measured: no prepacked linear
-    appeared in the graph)."""
+    the freezing decision was made, and the weights stay graph inputs (no prepacked linear appears in the
+    graph)."""
     if device.type == "cuda":
         return {}
     if template_serves(rows):
@@ -124,11 +127,10 @@ def inductor_settings(device: torch.device, rows: int | None) -> dict:
 
 def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
     """The model, sharing every tensor, with every block's forward the same nested compile region, which the
-    compiler traces and builds for the first block and stamps out for the others (a 30-block Llama step on
-    the CPU, weights as graph inputs, an empty inductor cache: 28 against 68 s, the step as fast;
-    bench/bench_compile.py). The weights must be graph inputs: under freezing dynamo cannot lift them into the
-    region, so the model itself stays as it is for whole (frozen) graphs. Eager calls are unchanged (the
-    region is a no-op outside a compile)."""
+    compiler traces and builds for the first block and stamps out for the others (much quicker to build than
+    one whole graph, the step as fast: bench/bench_compile.py with and without --regional). The weights must
+    be graph inputs: under freezing dynamo cannot lift them into the region, so the model itself stays as it
+    is for whole (frozen) graphs. Eager calls are unchanged (the region is a no-op outside a compile)."""
 
     def shallow(module: torch.nn.Module) -> torch.nn.Module:
         clone = copy.copy(module)  # its own attributes, the same tensors
@@ -165,8 +167,8 @@ def floating(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tens
 # The compiler must not give the process a second OpenMP team while requests run. libgomp lets a team's
 # idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
 # compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
-# thread's worker fell asleep between two ops and every op paid its wake-up: an eager decode step took
-# twice its time while the server compiled. So inductor compiles on one
+# thread's worker fell asleep between two ops and every op paid its wake-up, which slowed the eager decode
+# step while the server compiled (docs/BENCHMARKS.md, "Why these paths"). So inductor compiles on one
 # thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
 # ends with the bucket's build: libgomp frees a thread's team when the thread ends.
 
@@ -225,9 +227,9 @@ def buckets(limit: int, smallest: int = 1) -> list[int]:
 def settle_garbage() -> None:
     """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
     collections. Python's full collections traverse every tracked object and run on whichever thread
-    allocates, the compute thread too: while the store compiled they grew from 40 to over 800 ms a pass,
-    and a completion waited out one (0.78 s). This one runs on the compiling
-    thread, which waits for running requests first (YieldToRequests)."""
+    allocates, the compute thread too: while the store compiled they grew long enough for a completion to
+    wait out one (docs/BENCHMARKS.md, "Start-up"). This one runs on the compiling thread, which waits for
+    running requests first (YieldToRequests)."""
     gc.collect()
     gc.freeze()
 
@@ -242,9 +244,11 @@ class Pass(NamedTuple):
 
 
 class BackgroundCompiler:
-    """Builds a model's passes (each a target's bucket: the decode step's row counts, the prompts' pass) in the
-    given order on a thread of its own; `start` returns at once. A later pass of a bucket replaces an earlier
-    one's graph when it is built (a frozen graph after the regional one)."""
+    """Builds a model's passes (each a target's bucket: the decode step's row counts, the prompts' pass, the draft
+    check, the encoder's lengths) in the given order, on the thread that calls `run` (the server's: the registry's
+    background thread, server/execution/compute_thread.py, `behind_requests`) or on one of its own (`start`,
+    which returns at once). A later pass of a bucket replaces an earlier one's graph when it is built (a frozen
+    graph after the regional one)."""
 
     def __init__(
         self, passes: list[Pass | tuple], cache_dir: Path | None, key: str, threads: int | None = None
@@ -332,7 +336,7 @@ class BackgroundCompiler:
             try:
                 compiled, got = self.compile(bucket, {}, regional=True)
             except Exception as e:
-                # torch 2.13 specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
+                # torch specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
                 # is built whole): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket)
@@ -344,7 +348,7 @@ class BackgroundCompiler:
         except Exception as e:
             if settings == fallback:
                 raise
-            # torch 2.13's template loses a dynamic size in some graphs (the additive attention score's)
+            # the C++ GEMM template loses a dynamic size in some graphs (the additive attention score's)
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled, got = self.compile(bucket, fallback)
         return self.matching(bucket, target.traced, compiled, got)

@@ -1,7 +1,8 @@
 """The compute thread: the one thread of the process that runs torch operations.
 
 Every thread that runs a parallel torch op gets its own OpenMP team; two teams on two cores take
-turns spinning on the cores the other one needs, which halved decode speed (docs/BENCHMARKS.md).
+turns spinning on the cores the other one needs, which slows decoding badly (docs/BENCHMARKS.md, "Why these
+paths").
 So models are loaded, warmed up, decoded and inspected on this one thread: the engines' scheduling
 loop runs here, and one-off work (fill-mask, attention, score, loading) is queued to it and runs
 between two decode steps. A forward pre-hook on every served model refuses a call from any other
@@ -173,10 +174,10 @@ class YieldToRequests:
 
     The gate is a `gc.callbacks` entry: that work keeps what it allocates (graphs, kernels), so its thread starts
     a collection every 700 container allocations (Python's default), and between them the gate costs nothing. A
-    trace function (the gate at each Python call) took CPython off its fast path on that thread: a 30-layer
-    model's regional bucket built in 55 s with it, 45 s with an empty trace function, 27.2 s with this gate,
-    reached every 7 ms of the thread's CPU time (median; p99 108 ms). Collections every 100 allocations (1 ms)
-    built slower and served no faster meanwhile (docs/BENCHMARKS.md, "Start-up"; Zen 4).
+    trace function (the gate at each Python call) took CPython off its fast path on that thread: builds ran far
+    slower with one, even an empty one, than with this gate, which the work still reaches every few milliseconds
+    of its CPU time. More frequent collections built slower and served no faster meanwhile (docs/BENCHMARKS.md,
+    "Start-up").
     """
 
     def __init__(self, idle: threading.Event, patience_s: float = PATIENCE_S, slice_s: float = SLICE_S) -> None:
@@ -224,9 +225,9 @@ class HelpersPaused:
 
     The background work's heavy part runs in other processes: inductor's compile workers and the C++
     compilers they start. Niced, they still take a core whenever the compute thread's OpenMP team
-    sleeps between two ops, and the eager decode step beside them took twice its time. Stopped while
-    requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep a
-    busy server compiling. Only compile helpers are stopped (`helper_processes`), never another child.
+    sleeps between two ops, and slowed the eager decode step beside them (docs/BENCHMARKS.md, "Start-up").
+    Stopped while requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep
+    a busy server compiling. Only compile helpers are stopped (`helper_processes`), never another child.
     """
 
     def __init__(self, compute: ComputeThread, patience_s: float = PATIENCE_S, slice_s: float = SLICE_S) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from server.execution.compiler import buckets
 
-if TYPE_CHECKING:  # transformers takes 2 s to import: loaded with the first fill-mask model
+if TYPE_CHECKING:  # transformers is slow to import: loaded with the first fill-mask model
     from models.esperberto.model import MaskedLM
 
 # (input_ids (1, T), attention_mask (1, T) or None for no padding) -> final hidden states (1, T, C)
@@ -41,7 +41,10 @@ class EncoderStep:
         self.vocab_size = model.config.vocab_size
         self.buckets = buckets(max_tokens, smallest=16)
         self.traced = eager_encoder(model)  # also what runs until a bucket is compiled
-        self.compiled: dict[int, EncodeFn] = {}  # length bucket -> compiled encoder, added when ready
+        # length bucket -> compiled encoder: written by the background compiler (server/execution/compiler.py,
+        # BackgroundCompiler.run) when a bucket's graph is built and checked; read by __call__ on the compute
+        # thread (fill-mask, server/features/readouts.py), which runs a text eagerly, unpadded, until then
+        self.compiled: dict[int, EncodeFn] = {}
 
     def compile_passes(self, max_tokens: int = 128) -> list[tuple[EncoderStep, int]]:
         """What server/execution/compiler.py builds, short texts first: a fill-mask sentence is rarely longer than a few

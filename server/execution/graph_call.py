@@ -13,8 +13,8 @@ import torch
 
 class GraphCapture:
     """A torch.compile backend that keeps what it was handed and what it built, so the built graph can be
-    called without dynamo: its frame evaluation and wrappers, guards skipped, cost 0.16 ms of a 1.20 ms
-    one-row step of gpt-wikitext2 in float32 (docs/BENCHMARKS.md). That needs a graph whose inputs are
+    called without dynamo: its frame evaluation and wrappers, guards skipped, are a noticeable share of a small
+    model's one-row step (docs/BENCHMARKS.md, "Why these paths"). That needs a graph whose inputs are
     the function's arguments, as a frozen CPU graph's are (its weights are constants), or also the weights,
     bound once (`bind_weights`: the CPU's regional graphs); otherwise the function is called through dynamo
     (CUDA, whose captured CUDA graphs replay without it). Like vLLM's compile
@@ -90,8 +90,9 @@ def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
 
 
 def skipping_guards(compiled: Callable) -> Callable:
-    """A dynamo-compiled function called without evaluating its guards (a quarter of a millisecond a
-    one-row step): each function holds one graph, built for inputs strided as its callers'."""
+    """A dynamo-compiled function called without evaluating its guards (a noticeable share of a one-row step:
+    docs/BENCHMARKS.md, "Why these paths"): each function holds one graph, built for inputs strided as its
+    callers'."""
 
     def call(*args):
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):

@@ -67,7 +67,7 @@ def end_of_turn_ids(m: ServedModel, template: ChatTemplate) -> list[int]:
 
 def render(template: ChatTemplate, messages: list[dict]) -> str:
     """The conversation as the prompt of the assistant's next turn (transformers' own renderer)."""
-    from transformers.utils.chat_template_utils import render_jinja_template  # 2 s import: at the first chat
+    from transformers.utils.chat_template_utils import render_jinja_template  # a slow import: at the first chat
 
     try:
         rendered = render_jinja_template([messages], chat_template=template.source, add_generation_prompt=True,

@@ -52,7 +52,7 @@ def grammar_of(c: Constraint) -> str:
 
 
 def tokenizer_of(m: ServedModel):
-    """The model's vocabulary as llguidance reads it (from its tokenizer.json; ~1 s for a large one)."""
+    """The model's vocabulary as llguidance reads it (from its tokenizer.json; slow for a large one)."""
     return llguidance_tokenizer(m.runner.tokenizer, m.runner.facts.vocab_size, m.runner.facts.eos_id)
 
 

@@ -29,7 +29,7 @@ from server.execution.compute_thread import ComputeThread
 from server.features.readouts import gpt_ids, mlm_encoding
 from server.serving.registry import ServedModel
 
-SLICE_TOKENS = 512  # tokens per forward pass between two decode steps (a slice of ~40 ms for the shipped GPT)
+SLICE_TOKENS = 512  # tokens per forward pass between two decode steps: short enough that streams keep going
 MAX_HEADS = 256  # [layer, head] pairs ablated together
 
 

@@ -102,7 +102,7 @@ def attention_png(result: dict) -> bytes:
     to lay out and draw (found by the API fuzz run). Tokens label the axes when one head is shown.
     Figures are built with the object API (no pyplot state), so concurrent requests are safe.
     """
-    import matplotlib  # 0.5 s to import: at the first PNG, not at start-up
+    import matplotlib  # slow to import: at the first PNG, not at start-up (docs/BENCHMARKS.md, "Start-up")
     from matplotlib.figure import Figure
 
     w, tokens = result["weights"].float().numpy(), result["tokens"]  # (L, H, T, T)

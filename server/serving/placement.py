@@ -37,9 +37,9 @@ class Placement:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: half precision where the hardware computes it natively. A decode step reads every weight
-    for one token, so bytes are time: bf16 ran one stream 2.3x faster than float32 on an AVX512-BF16
-    CPU (580 against 252 tok/s), with the same test perplexity (docs/BENCHMARKS.md). Without native bf16, a compiled
-    bf16 step of 32 rows took 1.9x float32's on an AVX2 EPYC (faster at one row: half the bytes)."""
+    for one token, so bytes are time: bf16 runs a stream much faster than float32 where the CPU computes it
+    (AVX512-BF16), with the same test perplexity. Without native bf16, a compiled bf16 step is faster at one row
+    (half the bytes) but slower at many (docs/BENCHMARKS.md, "Why these paths")."""
     if name == "auto":
         if device.type == "cuda":
             return torch.float16

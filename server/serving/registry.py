@@ -165,7 +165,7 @@ class ModelRegistry:
                 runner=runner,
                 engine=engine,
             )
-        from models.esperberto.model import max_tokens  # transformers takes 2 s to import: only when needed
+        from models.esperberto.model import max_tokens  # transformers is slow to import: only when needed
 
         model, tok = load_mlm(folder, device, dtype)
         variant = getattr(model.config, "attention_variant", "softmax0")
@@ -214,7 +214,7 @@ class ModelRegistry:
             for info in self._behind:
                 try:
                     if info.family is not None and info.family.kind == "mlm":
-                        import models.esperberto.model  # noqa: F401  # transformers' 2 s import, off the compute thread
+                        import models.esperberto.model  # noqa: F401  # slow transformers import, off the compute thread
                     if (served := self.compute.call(self._load_checkpoint, info)) is not None:
                         self._warm_up(served)
                 except Exception as e:  # the server keeps serving what it has; /health lists the failure

@@ -2,8 +2,8 @@
 
 Inductor's own CUDA graphs (mode="reduce-overhead", cudagraph trees) keep their state per thread and
 skip a graph whose inputs it writes to. Our steps are compiled on a background thread and run on the
-compute thread, and they write the KV cache they are given: on an H100 (torch 2.11) the first bucket
-ran without graphs and then failed on the compute thread, the others failed to build. A step's inputs
+compute thread, and they write the KV cache they are given: with inductor's graphs the first bucket ran
+without graphs and then failed on the compute thread, and the others failed to build. A step's inputs
 are fixed tensors per shape (DecodeStep.inputs), so one graph per shape, captured at the shape's first
 call on the compute thread, replays the whole step with one launch.
 """

@@ -1,10 +1,9 @@
 """The linear layers of what runs uncompiled (prefills, decode steps not yet compiled), prepacked for
 oneDNN on the CPU (bf16 where oneDNN computes it; float32 without AVX-512).
 
-Until a row bucket's compiled step is ready (a minute or more after start-up), its requests run the
-eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call: the one-row
-step of gpt-wikitext2 took 5.2 ms against 4.1 ms with prepacked layers on the idle machine, 11.8
-against 5.8 ms with the machine busy, as it is while compiling.
+Until a row bucket's compiled step is ready (its build takes a while: docs/BENCHMARKS.md, "Compiling"), its
+requests run the eager step, and an eager bf16 `F.linear` reorders its weight for oneDNN at every call, which
+slows the step, the more so on a machine busy compiling, as it is then.
 Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy of the model
 that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
 aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
@@ -24,7 +23,7 @@ from models.quantize import WeightOnlyInt8Linear, replace_linears
 
 # oneDNN's linear on a prepacked weight, an opaque call to inductor: its own lowering of oneDNN's op takes frozen
 # constants only, and a graph that takes the weights as inputs (compiler.py's regional builds) calls this.
-# Registered on the dispatcher directly: torch.library.custom_op's wrappers cost 10 against 4 us a call.
+# Registered on the dispatcher directly: torch.library.custom_op's wrappers cost more a call than the op itself.
 LIBRARY = torch.library.Library("tinyserve", "DEF")
 LIBRARY.define("prepacked_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 
@@ -41,9 +40,9 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
-# oneDNN lays a weight out for the rows it expects. float32 laid out for one row made gpt-wikitext2's eager step 1.5x
-# slower at 4 rows, 1.3x at 8 and 1.2x at 32 (AVX2-emulated, Zen 4) and one row no faster than laid out for 32; bf16
-# laid out for one row made the one-row head's product 1.3x faster and more rows no slower (Zen 4).
+# oneDNN lays a weight out for the rows it expects. float32 laid out for one row made the eager step slower at more
+# rows and one row no faster than laid out for 32; bf16 laid out for one row made the one-row head's product faster
+# and more rows no slower.
 PACKED_FOR_ROWS = {torch.float32: 32, torch.bfloat16: 1}
 
 
@@ -76,8 +75,8 @@ class PrepackedInt8Linear(nn.Module):
 def prepacks(model: nn.Module) -> bool:
     """Whether prepacking applies: bf16 weights where oneDNN computes bf16 (without AVX-512 its bf16
     reorder raises), float32 weights on a CPU without AVX-512 (aten's float32 products go to MKL, whose
-    generic path on an AVX2 EPYC made an eager one-row step 12.5 ms against 8.4 prepacked, a 14-token
-    prefill 18.2 against 13.3 ms; with AVX-512 MKL's GEMM runs as it is). CUDA has no reorder."""
+    generic path there is slower than the prepacked layers, for a step and a prefill alike; with AVX-512 MKL's
+    GEMM runs as it is). CUDA has no reorder."""
     p = next(model.parameters())
     if p.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False

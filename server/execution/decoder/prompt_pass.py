@@ -3,10 +3,10 @@
 A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
 Both B and T are compiled dynamic, so one graph serves every group, on the CPU where inductor freezes the
 weights into prepacked linear layers that take any number of rows; one whole graph, not a regional one, whose
-dynamic sizes torch specialises (server/execution/compiler.py). bench/profile_step.py, Zen 4: gpt-wikitext2's 14-token
-prompt 3.2 -> 1.9 ms in bf16, 6.2 -> 4.0 ms in float32 AVX2-emulated; 32 of them 26.8 -> 21.4 and 47.7 -> 40.8
-ms. On CUDA the prompts stay eager: its graphs take the weights as inputs, so they run through
-dynamo, which specialises a dimension of size 1 and would recompile for a lone prompt on the request path.
+dynamic sizes torch specialises (server/execution/compiler.py). Compiled, a prefill is faster than eager for
+one prompt and for a group (docs/BENCHMARKS.md, "AVX2 CPU": bench/profile_step.py). On CUDA the prompts stay
+eager: its graphs take the weights as inputs, so they run through dynamo, which specialises a dimension of size 1
+and would recompile for a lone prompt on the request path.
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ class PromptPass:
         n_layer = step.model.config.n_layer
         self.traced = prompt_pass(step.model, n_layer)  # what the compiler traces and checks against
         self.uncompiled = prompt_pass(step.eager_model, n_layer)  # the prepacked copy's (prepacked.py)
-        self.compiled: dict[None, PromptFn] = {}  # None -> the compiled pass, added when ready
+        # None -> the compiled pass: written by the background compiler (server/execution/compiler.py,
+        # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
+        # (GPTRunner.prefill), which runs eagerly until then and for one-token prompts
+        self.compiled: dict[None, PromptFn] = {}
 
     def buckets(self) -> list[None]:
         """The one graph to build, where it can be called without dynamo (the CPU's frozen graphs)."""

@@ -55,8 +55,9 @@ def forward_over(model: GPT, n_layer: int, **options) -> Callable[..., torch.Ten
 def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     """The decode step as a plain function of tensors (the form every compiler takes).
 
-    fused_attention: SDPA's one op (eager: 19 against 83 us a layer over 32 keys), or the explicit
-    product (compiled: inductor fuses it into the step, where SDPA's CPU flash kernel cost 4x as much).
+    fused_attention: SDPA's one op (eager: quicker than the explicit product's several ops), or the explicit
+    product (compiled: inductor fuses it into the step, where SDPA's CPU flash kernel is slower; docs/BENCHMARKS.md,
+    "Why these paths").
 
     The greedy choice is made on the graph (gpt-fast's sampling inside the step): the EOS logit gets
     each row's bias (-inf before min_new_tokens), a constrained row's disallowed tokens are masked out
@@ -84,8 +85,8 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
 def compile_order(row_buckets: list[int], max_rows: int) -> list[int]:
     """The row buckets of at most max_rows rows: the smallest (the most used at low load), the largest (full
     load), then the rest. Until a bucket is built, its steps may run padded on a larger built one
-    (`DecodeStep.padding_limit`), so two builds serve most loads compiled: a 30-layer model's bucket took
-    2.5 minutes on an H200 (torch 2.11), 1.5-2 on 2 Zen 4 cores."""
+    (`DecodeStep.padding_limit`), so two builds serve most loads compiled while the others, slow to build for
+    a many-layer model, follow (docs/BENCHMARKS.md, "Compiling")."""
     order = [b for b in row_buckets if b <= max_rows]
     return order[:1] + order[-1:] + order[1:-1] if len(order) > 2 else order
 
@@ -95,8 +96,8 @@ class StepInputs:
     graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
     tokens (b, vocab) bool.
 
-    A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (1 against
-    17 us a step through torch), on CUDA views of pinned twins, copied to the device without a
+    A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (far cheaper
+    than writing them through torch), on CUDA views of pinned twins, copied to the device without a
     synchronisation (each pageable copy waited for the device: three waits a step)."""
 
     def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
@@ -168,17 +169,22 @@ class DecodeStep:
             self.cache = model.new_cache(max_rows, columns=self.context + 1)
         # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
         # plain model as one whole graph (frozen on the CPU), or regionally (compiler.py, regional_copy):
-        # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU);
-        # a 30-layer model's bucket took minutes otherwise
+        # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU):
+        # much quicker to build than one whole graph of a many-layer model
         self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
         self.regional_model = regional_copy(self.eager_model)
         self.regional = eager_step(self.regional_model, model.config.n_layer, fused_attention=False)
-        self.compiled: dict[int, StepFn] = {}  # rows -> compiled step (any columns), added when ready
+        # rows -> compiled step (any columns): written by the background compiler (server/execution/compiler.py,
+        # BackgroundCompiler.run) when a bucket's graph is built and checked (a frozen one replaces the regional
+        # one); read by __call__ on the compute thread (GPTRunner.decode), which runs a bucket without one on a
+        # larger built bucket within padding_limit, or eagerly
+        self.compiled: dict[int, StepFn] = {}
         self.graphs = CUDAGraphs() if self.device.type == "cuda" else None  # per (rows, columns), on CUDA
         # how many times its rows a step may be padded to run on a built bucket while its own builds. CUDA: any
-        # (launch-bound: H200, our GPT, 0.216 ms a compiled step at one row, 0.283 at 32; eager 10x slower).
-        # CPU: 4 (SmolLM2-135M's shape, bf16, Zen 4: eager 31-35 ms at 1-4 rows, 42 at 8, 67 at 16; the
-        # compiled 32-row step 38 ms)
+        # (a step is bound by its kernel launches, not its rows: a compiled step of many rows costs little more
+        # than one of a few, eager far more; docs/BENCHMARKS.md, "CUDA GPU"). CPU: 4 (up to that, a compiled
+        # step of the padded rows is no slower than the eager step of the rows themselves; docs/BENCHMARKS.md,
+        # "Compiling")
         self.padding_limit = math.inf if self.device.type == "cuda" else 4
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}

@@ -4,10 +4,10 @@ KV cache, with the greedy choice after each (speculative decoding's verification
 A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
 GEMM template's (compiler.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
-product's batched matmul of several queries has no template choice (torch 2.13 raised NoValidChoicesError, and
-the build fell back to MKL's products, the slowest on AVX2). One graph, the key columns dynamic as the decode
-step's, built on the CPU after the decode buckets; until it is built (and on CUDA, where it is not) the runner has
-no draft check and the engine decodes step by step.
+product's batched matmul of several queries has no template choice (inductor raised NoValidChoicesError, and
+the build fell back to MKL's products, the slowest on AVX2 CPUs: docs/BENCHMARKS.md, "Why these paths"). One
+graph, the key columns dynamic as the decode step's, built on the CPU after the decode buckets; until it is built
+(and on CUDA, where it is not) the runner has no draft check and the engine decodes step by step.
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ class VerifyPass:
         n_layer = step.model.config.n_layer
         self.traced = verify_pass(step.model, n_layer)  # what the compiler traces and checks against
         self.uncompiled = verify_pass(step.eager_model, n_layer)
-        self.compiled: dict[tuple[int, int], VerifyFn] = {}  # BUCKET -> the compiled pass, added when ready
+        # BUCKET -> the compiled pass: written by the background compiler (server/execution/compiler.py,
+        # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
+        # (GPTRunner.verify, for server/engine/speculation.py), which returns None until then: no draft check
+        self.compiled: dict[tuple[int, int], VerifyFn] = {}
         self._inputs = (
             torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # tokens
             torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # positions
