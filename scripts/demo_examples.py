@@ -16,7 +16,7 @@ from playwright.sync_api import Page, sync_playwright
 from model_store import STORE_ROOT
 from scripts.processes import http_server
 
-OUT = Path(__file__).resolve().parent.parent / "server" / "static" / "examples.json"
+OUT = Path(__file__).resolve().parent.parent / "server" / "api" / "static" / "examples.json"
 
 SAMPLING = {"model": "gpt-wikitext2", "temperature": 0.8, "top_k": 40, "top_p": 0.95, "max_new_tokens": 128}
 EXAMPLES = {

@@ -370,7 +370,7 @@ def test_shared_link_restores_the_inputs_and_the_seeded_output(page, browser, se
 
 
 def test_examples_load_into_the_form_and_run(page):
-    examples = json.loads((REPO / "server" / "static" / "examples.json").read_text())
+    examples = json.loads((REPO / "server" / "api" / "static" / "examples.json").read_text())
     assert {"complete", "fillmask", "attention"} <= set(examples)
     page.click("button[data-tab=fillmask]")
     buttons = page.query_selector_all("#examples-fillmask .example")
