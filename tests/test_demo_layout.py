@@ -81,7 +81,8 @@ def test_the_page_fits_its_window(browser, server, width, height, tmp_path):  # 
     login(page)
     try:
         page.wait_for_selector("#examples-complete .example")
-        page.wait_for_function(f"[...document.querySelectorAll('#gen-model option')].some(o => o.value === '{LONG_MODEL}')")
+        options = "[...document.querySelectorAll('#gen-model option')]"
+        page.wait_for_function(f"{options}.some(o => o.value === '{LONG_MODEL}')")
         page.click("#share")  # the share link's box opens in the header and stays
         page.wait_for_selector("#share-box:not([hidden])")
         tabs = page.eval_on_selector_all("nav .tab", "bs => bs.map(b => b.dataset.tab)")
