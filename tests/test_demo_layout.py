@@ -41,8 +41,9 @@ def server(demo_store, tmp_path_factory, tiny_tokenizer):  # noqa: F811 (the imp
     root = tmp_path_factory.mktemp("layout-store") / "store"
     shutil.copytree(demo_store, root)
     vocab, eos = tiny_tokenizer.get_vocab_size(), eos_id(tiny_tokenizer)
-    dual = tiny_gpt(vocab_size=vocab, eos_token_id=eos, n_head=2, n_relational_head=2, positions="rope",
-                    context_length=256)
+    dual = tiny_gpt(
+        vocab_size=vocab, eos_token_id=eos, n_head=2, n_relational_head=2, positions="rope", context_length=256
+    )
     write_checkpoint(root / LONG_MODEL, dual, tiny_tokenizer, card="# dual\n", metrics={})
     with http_server(root, api_token=TOKEN) as (base, _):
         yield base
