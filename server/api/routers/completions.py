@@ -14,7 +14,15 @@ from fastapi.concurrency import run_in_threadpool
 
 from server.api.dependencies import AppSettings, Registry
 from server.api.routers.sse import sse_response
-from server.api.schemas.openai import Choice, Completion, CompletionRequest, Logprobs, Model, ModelList, Usage
+from server.api.schemas.openai import (
+    Choice,
+    Completion,
+    CompletionRequest,
+    Logprobs,
+    OpenAIModel,
+    OpenAIModelList,
+    Usage,
+)
 from server.engine.events import FinishEvent, TokenEvent
 from server.errors import APIError, openai_error_body
 from server.execution.compute_thread import ComputeThread
@@ -29,18 +37,18 @@ router = APIRouter(tags=["completion (OpenAI format)"])
 OPENAI_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 
 
-def openai_model(m: ServedModel) -> Model:
-    return Model(id=m.id, created=int((m.folder / "config.json").stat().st_mtime), chat=chats(m))
+def openai_model(m: ServedModel) -> OpenAIModel:
+    return OpenAIModel(id=m.id, created=int((m.folder / "config.json").stat().st_mtime), chat=chats(m))
 
 
-@router.get("/v1/models", response_model=ModelList)
-async def list_models(registry: Registry) -> ModelList:
+@router.get("/v1/models", response_model=OpenAIModelList)
+async def list_models(registry: Registry) -> OpenAIModelList:
     """The completion models, as OpenAI's `models.list()` expects (GET /models lists every model)."""
-    return ModelList(data=[openai_model(m) for m in registry.models.values() if m.kind == "causal"])
+    return OpenAIModelList(data=[openai_model(m) for m in registry.models.values() if m.kind == "causal"])
 
 
-@router.get("/v1/models/{model_id}", response_model=Model)
-async def get_model(model_id: str, registry: Registry) -> Model:
+@router.get("/v1/models/{model_id}", response_model=OpenAIModel)
+async def get_model(model_id: str, registry: Registry) -> OpenAIModel:
     """One completion model, as OpenAI's `models.retrieve()` expects."""
     return openai_model(find_model(registry, model_id, "causal", "model_id"))
 

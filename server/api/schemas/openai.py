@@ -144,7 +144,7 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class Model(BaseModel):
+class OpenAIModel(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = Field(description="When the checkpoint was written (Unix time).")
@@ -152,6 +152,6 @@ class Model(BaseModel):
     chat: bool = Field(False, description="Extension: its tokenizer carries a chat template (/v1/chat/completions).")
 
 
-class ModelList(BaseModel):
+class OpenAIModelList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[Model]
+    data: list[OpenAIModel]
