@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The history of the city begins
 
-.PHONY: install serve complete test browser reliability image-test clean
+.PHONY: install serve complete test quick browser reliability image-test clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ complete: install
 test: install browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The inner loop: the suite less its slow, browser, compile and GPU tests (docs/ARCHITECTURE.md, "Tests").
+quick: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow and not browser and not compile and not gpu"
 
 # The demo-page tests drive Debian's chromium through Playwright (no browser download).
 browser:

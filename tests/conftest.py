@@ -87,6 +87,59 @@ def store(tmp_path_factory, tiny_tokenizer):
     return root
 
 
+@pytest.fixture(scope="session")
+def store_client(store):
+    """One app over the shared store (a queue of 4, at most 40 new tokens), for the modules that build it alike:
+    tests/test_api.py and tests/test_readouts_api.py."""
+    from fastapi.testclient import TestClient
+
+    from server.api.app import create_app
+    from server.config import Settings
+
+    with TestClient(create_app(Settings(store=store, max_queue=4, max_new_tokens_cap=40))) as c:
+        yield c
+
+
+DEMO_TOKEN = "demo-secret"
+DEMO_CARD = """# tiny gpt
+
+A card with a table, an image and raw HTML that must not run.
+
+| split | loss |
+|---|---|
+| valid | 5.0 |
+
+![loss curve](loss_curve.png)
+
+<script>window.cardScriptRan = true</script>
+"""
+
+
+@pytest.fixture(scope="session")
+def demo_store(store, tmp_path_factory):
+    """The tiny store, tiny-gpt's card with a table, an image and raw HTML (its manifest rewritten): the demo page's
+    (tests/test_demo_page.py and the modules beside it)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("demo-store") / "store"
+    shutil.copytree(store, root)
+    folder = root / "tiny-gpt"
+    (folder / "README.md").write_text(DEMO_CARD)
+    shutil.copy(REPO / "docs" / "gpt-wikitext2-loss.png", folder / "loss_curve.png")
+    (folder / "secret.png").write_bytes(b"not linked from the card")
+    write_manifest(folder)
+    return root
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_store):
+    """The real server process over the demo store, behind DEMO_TOKEN: one for the browser tests that use it alike."""
+    from scripts.processes import http_server
+
+    with http_server(demo_store, api_token=DEMO_TOKEN) as (base, _):
+        yield base
+
+
 def error_of(response) -> dict:
     """A 4xx body as {"error", "error_type", "field"}: ours as it is, OpenAI's (under /v1) translated.
 

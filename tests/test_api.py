@@ -15,10 +15,9 @@ from server.config import Settings
 from tests.conftest import error_of
 
 
-@pytest.fixture(scope="module")
-def client(store):
-    with TestClient(create_app(Settings(store=store, max_queue=4, max_new_tokens_cap=40))) as c:
-        yield c
+@pytest.fixture
+def client(store_client):
+    return store_client  # the app over the shared store (conftest.py), built once for the session
 
 
 def test_health_models_info(client):

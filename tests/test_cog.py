@@ -67,11 +67,13 @@ def cog_server(cog_store):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_health_check_ready(cog_server):
     health = httpx.get(f"{cog_server}/health-check").json()
     assert health["status"] == "READY" and health["setup"]["status"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_prediction_is_reproducible(cog_server):
     body = {"input": {"prompt": "The castle", "max_new_tokens": 8, "seed": 3, "eos_bias": -1e9}}
     first = httpx.post(f"{cog_server}/predictions", json=body, timeout=60).json()
@@ -80,6 +82,7 @@ def test_prediction_is_reproducible(cog_server):
     assert len(first["output"]) >= 1 and first["output"] == second["output"]
 
 
+@pytest.mark.slow
 def test_streaming_events(cog_server):
     inputs = {"prompt": "The castle", "max_new_tokens": 20, "seed": 5, "eos_bias": -1e9}
     events = list(predict_stream(cog_server, inputs))
@@ -89,6 +92,7 @@ def test_streaming_events(cog_server):
     assert events[-1][1]["status"] == "succeeded" and events[-1][1]["output"] == chunks
 
 
+@pytest.mark.slow
 def test_fill_mask_and_attention_tasks(cog_server):
     fill = httpx.post(
         f"{cog_server}/predictions", json={"input": {"prompt": "The <mask> was", "task": "fill-mask", "top_n": 3}}
@@ -105,6 +109,7 @@ def test_fill_mask_and_attention_tasks(cog_server):
     assert base64.b64decode(uri.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, cog_store):
     from fastapi.testclient import TestClient
 
@@ -134,6 +139,7 @@ def test_looking_inside_tasks_answer_the_json_of_the_inspect_routes(cog_server, 
     assert bad["status"] == "failed" and "heads[0]" in bad["error"]
 
 
+@pytest.mark.slow
 def test_constrained_completion_and_chat_inputs(cog_server):
     import re
 
@@ -158,6 +164,7 @@ def test_constrained_completion_and_chat_inputs(cog_server):
     assert bad_role["status"] == "failed" and "role" in bad_role["error"]
 
 
+@pytest.mark.slow
 def test_out_of_range_input_is_422(cog_server):
     r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "x", "top_p": 5}})
     assert r.status_code == 422 and "top_p" in r.text and "maximum" in r.text
@@ -165,11 +172,13 @@ def test_out_of_range_input_is_422(cog_server):
     assert r.status_code == 422 and "task" in r.text
 
 
+@pytest.mark.slow
 def test_bad_prompt_fails_with_the_rule(cog_server):
     r = httpx.post(f"{cog_server}/predictions", json={"input": {"prompt": "no mask here", "task": "fill-mask"}})
     assert r.json()["status"] == "failed" and "no <mask> token" in r.json()["error"]
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_long_prediction(cog_server):
     pid = "cancel-me"
     body = {"id": pid, "input": {"prompt": "The castle", "max_new_tokens": 256, "eos_bias": -1e9}}
@@ -194,6 +203,7 @@ def test_cancel_stops_a_long_prediction(cog_server):
     assert r.json()["status"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_server, cog_store):
     """One service layer: the predictor and POST /generate share parameters, model choice and sampler."""
     from fastapi.testclient import TestClient

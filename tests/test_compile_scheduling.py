@@ -10,49 +10,76 @@ from server.execution.compute_thread import YieldToRequests
 from server.serving.registry import ModelRegistry
 
 
-def _calls_made(gate: YieldToRequests, seconds: float, idle_after: float | None = None) -> int:
-    """Python calls a thread gated by `gate` gets through in `seconds` (idle set after idle_after), each making a
-    container as background work does (what starts the collections the gate waits at)."""
-    count, stop, made = [0], threading.Event(), []
+class GatedWork:
+    """A thread gated by `gate` making Python calls, each making a container as background work does (what starts
+    the collections the gate waits at); `calls` counts them."""
 
-    def work() -> None:
-        def one() -> None:
-            count[0] += 1
-            made.append([count])  # kept, as a compiler's graphs are: collections count what is kept
+    def __init__(self, gate: YieldToRequests) -> None:
+        self.gate, self.calls, self.made, self.stop = gate, 0, [], threading.Event()
+        self.thread = threading.Thread(target=self.work)
 
-        with gate.gating():
-            while not stop.is_set():
-                one()
+    def work(self) -> None:
+        with self.gate.gating():
+            while not self.stop.is_set():
+                self.calls += 1
+                self.made.append([self.calls])  # kept, as a compiler's graphs are: collections count what is kept
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    if idle_after is not None:
-        time.sleep(idle_after)
-        gate.idle.set()
-    time.sleep(seconds - (idle_after or 0))
-    stop.set()
-    gate.idle.set()  # lets a paused thread see stop
-    thread.join(5)
-    return count[0]
+    def __enter__(self) -> "GatedWork":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.gate.idle.set()  # lets a paused thread see stop
+        self.thread.join(5)
+
+
+def wait_for(condition, timeout_s: float = 60) -> bool:
+    """Whether condition() came true within timeout_s (a bound for a stalled thread, not a timing)."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def paused(work: GatedWork) -> bool:
+    """Whether the work stopped making calls (it waits at the gate)."""
+    before = work.calls
+    time.sleep(0.1)
+    return work.calls == before
+
+
+# Far past what a paused thread makes (one collection's worth of calls, give or take one): the thread ran.
+RAN = 20
 
 
 def test_compiling_waits_while_the_compute_thread_has_work():
-    busy = YieldToRequests(threading.Event(), patience_s=10, slice_s=1)
-    assert _calls_made(busy, 0.5) <= 2 * gc.get_threshold()[0]  # paused at its first collection
+    busy = YieldToRequests(threading.Event(), patience_s=600, slice_s=1)
+    with GatedWork(busy) as work:
+        assert wait_for(lambda: work.calls > 0 and paused(work))  # at its first collection: requests go first
+        held = time.monotonic()
+        assert work.calls <= 2 * gc.get_threshold()[0] and paused(work)  # and it stays paused
+        waited = time.monotonic() - held
+        busy.idle.set()  # the compute thread is idle: the work runs, far past the paused bound
+        assert wait_for(lambda: work.calls > RAN * gc.get_threshold()[0])
     assert not any(getattr(c, "__self__", None) is busy for c in gc.callbacks)  # gone with the gated thread
-    resumed = YieldToRequests(threading.Event(), patience_s=10, slice_s=1)
-    # runs once the compute thread is idle: far past the paused bound above (57,516 calls beside a suite on 7 cores)
-    assert _calls_made(resumed, 0.6, idle_after=0.3) > 20 * gc.get_threshold()[0]
-    assert 0.25 < resumed.waited_s < 0.5
+    assert busy.waited_s >= waited  # the time it gave to requests is counted (at least what was seen of it)
 
 
 def test_under_endless_load_compiling_still_gets_slices():
     gate = YieldToRequests(threading.Event(), patience_s=0.2, slice_s=0.2)
     free = YieldToRequests(threading.Event(), patience_s=0.2, slice_s=0.2)
     free.idle.set()
-    loaded, unloaded = _calls_made(gate, 1.2), _calls_made(free, 1.2)
-    assert 0.1 * unloaded < loaded < 0.8 * unloaded  # about half the time: 0.2 s slices after 0.2 s waits
-    assert gate.waited_s > 0.3
+    with GatedWork(gate) as loaded:
+        # the compute thread never idles: the work waits out its patience, runs a slice, waits again, and still
+        # gets far past the paused bound
+        assert wait_for(lambda: gate.waited_s >= 2 * 0.9 * gate.patience_s)
+        assert wait_for(lambda: loaded.calls > RAN * gc.get_threshold()[0])
+    with GatedWork(free) as unloaded:
+        assert wait_for(lambda: unloaded.calls > RAN * gc.get_threshold()[0])
+    assert free.waited_s == 0  # with nothing to wait for it never waits
 
 
 def test_the_default_models_compile_first(store, tmp_path, monkeypatch):

@@ -58,6 +58,7 @@ def test_missing_corpus_file_is_a_clear_error(tmp_path):
         read_split(str(tmp_path / "nope.txt"), "train")
 
 
+@pytest.mark.slow
 def test_hf_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -8,6 +8,8 @@ from scripts.processes import http_server
 from tests.test_chat import chat_store  # noqa: F401 (a tiny random Llama with a ChatML template)
 from tests.test_demo_page import TOKEN, browser, page, shot, snippet  # noqa: F401
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def server(chat_store):  # noqa: F811 (the page fixture's server: the chat store)

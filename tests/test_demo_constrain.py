@@ -3,7 +3,11 @@ that send the same constraint."""
 
 import re
 
-from tests.test_demo_page import browser, demo_store, finished, page, server, snippet  # noqa: F401
+import pytest
+
+from tests.test_demo_page import browser, finished, page, server, snippet  # noqa: F401
+
+pytestmark = pytest.mark.browser
 
 
 def constrain(page, kind: str, text: str) -> str:  # noqa: F811 (the page fixture)

@@ -4,7 +4,11 @@ panel's request for what is on screen, and the API's errors."""
 
 import json
 
-from tests.test_demo_page import browser, demo_store, page, run_in_shell, server, shot, snippet  # noqa: F401
+import pytest
+
+from tests.test_demo_page import browser, page, run_in_shell, server, shot, snippet  # noqa: F401
+
+pytestmark = pytest.mark.browser
 
 TEXT = "The town was built in"
 

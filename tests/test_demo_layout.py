@@ -9,7 +9,9 @@ from model_store.store import write_checkpoint
 from models.tokenizer import eos_id
 from scripts.processes import http_server
 from tests.conftest import tiny_gpt
-from tests.test_demo_page import TOKEN, browser, demo_store, finished, login, shot  # noqa: F401 (the page's fixtures)
+from tests.test_demo_page import TOKEN, browser, finished, login, shot  # noqa: F401 (the page's fixtures)
+
+pytestmark = pytest.mark.browser
 
 # The shipped store's longest model label, "gpt-wikitext2-dual-relative (softmax0, 2 self + 2 relational heads)",
 # and then some: a <select> is as wide as its longest option, which made the page 518 px wide on a phone.
@@ -36,7 +38,7 @@ OFFENDERS = """() => {
 
 
 @pytest.fixture(scope="module")
-def server(demo_store, tmp_path_factory, tiny_tokenizer):  # noqa: F811 (the imported store)
+def server(demo_store, tmp_path_factory, tiny_tokenizer):
     """The demo store plus a tiny dual-attention GPT named like the shipped one: the longest model label."""
     root = tmp_path_factory.mktemp("layout-store") / "store"
     shutil.copytree(demo_store, root)

@@ -19,51 +19,26 @@ import httpx
 import playwright.sync_api as playwright_api  # a dev dependency: the browser tests are never skipped
 import pytest
 
-from model_store.store import write_manifest
 from scripts.cog_predict import SCHEMA_PATH, parse_inputs
 from scripts.processes import REPO, http_server
+from tests.conftest import DEMO_CARD, DEMO_TOKEN
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:  # `make test` installs it; a bare pytest run says what is missing instead of skipping
-    pytest.fail("the browser tests need Debian's chromium: apt-get install chromium (make test does)", pytrace=False)
+pytestmark = pytest.mark.browser
 
 
-TOKEN = "demo-secret"
-CARD = """# tiny gpt
-
-A card with a table, an image and raw HTML that must not run.
-
-| split | loss |
-|---|---|
-| valid | 5.0 |
-
-![loss curve](loss_curve.png)
-
-<script>window.cardScriptRan = true</script>
-"""
+TOKEN, CARD = DEMO_TOKEN, DEMO_CARD
 
 
 @pytest.fixture(scope="module")
-def demo_store(store, tmp_path_factory):
-    """The tiny store, tiny-gpt's card with a table, an image and raw HTML (its manifest rewritten)."""
-    root = tmp_path_factory.mktemp("demo-store") / "store"
-    shutil.copytree(store, root)
-    folder = root / "tiny-gpt"
-    (folder / "README.md").write_text(CARD)
-    shutil.copy(REPO / "docs" / "gpt-wikitext2-loss.png", folder / "loss_curve.png")
-    (folder / "secret.png").write_bytes(b"not linked from the card")
-    write_manifest(folder)
-    return root
-
-
-@pytest.fixture(scope="module")
-def server(demo_store):
-    with http_server(demo_store, api_token=TOKEN) as (base, _):
-        yield base
+def server(demo_server):
+    return demo_server  # the demo store's server process (conftest.py), one for the session's browser tests
 
 
 @pytest.fixture(scope="module")
 def browser():
+    if CHROMIUM is None:  # `make test` installs it; a bare pytest run says what is missing instead of skipping
+        pytest.fail("the browser tests need Debian's chromium: apt-get install chromium (make test does)", False)
     with playwright_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         yield b

@@ -283,6 +283,7 @@ def test_fill_mask_equals_the_transformers_pipeline(preset, mlm_tokenizer):
     assert all(len(row) == len(targets) and {c["token"] for c in row} == set(targets.tolist()) for row in restricted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_softmax1_checkpoint_never_loads_silently_as_softmax(preset, tmp_path):
     """Without `import training.esperberto` (which registers softmax1), loading must fail, not fall back."""

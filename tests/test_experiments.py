@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
 import torch
 
 from model_store.store import load_gpt
 from models.gpt import GPTConfig
 from tests.conftest import TINY_WIKI, tiny_gpt
 from training.experiments import ExperimentConfig, full_pass_loss, leak_free_loss, run_experiments
+
+pytestmark = pytest.mark.slow
 
 
 def test_leak_free_loss_equals_the_full_pass_only_for_a_causal_model():

@@ -80,6 +80,7 @@ def test_export_command_reads_the_store_setting(tmp_path, tiny_tokenizer, monkey
     assert e.value.code == 2 and "no-such-model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shipped_gpt_exports_exactly(tmp_path):
     folder = STORE_ROOT / "gpt-wikitext2"
     _, tok = load_gpt(folder)

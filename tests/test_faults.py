@@ -16,6 +16,8 @@ from models.tokenizer import eos_id
 from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
 
+pytestmark = pytest.mark.slow
+
 LONG = {"max_new_tokens": 1000, "eos_bias": -1e9}  # never stops early: ~1,000 decode steps
 
 

@@ -1,7 +1,11 @@
 """Schemathesis against the real server process on tiny models: the short fuzz run (the long one is
 `python -m scripts.fuzz_api` on the shipped models, see docs/RELIABILITY.md)."""
 
+import pytest
+
 from scripts.fuzz_api import fuzz
+
+pytestmark = pytest.mark.slow
 
 
 def test_generated_requests_never_get_a_5xx_and_the_server_stays_healthy(store):

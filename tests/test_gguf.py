@@ -138,6 +138,7 @@ def test_our_decoders_options_leave_as_the_llama_cpp_architecture_that_computes_
     torch.testing.assert_close(logits(back, ids), logits(ours, ids), rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_shipped_gpt_comes_back_from_gguf_with_its_greedy_tokens(tmp_path):
     from models.sampling import SamplingParams
 

@@ -15,6 +15,8 @@ from tests.conftest import TINY_WIKI, tiny_gpt
 from training.data import detokenize_wikitext, read_split
 
 lm_eval = pytest.importorskip("lm_eval")
+
+pytestmark = pytest.mark.slow
 CONTEXT = 64
 PARAGRAPHS = [p for p in detokenize_wikitext(read_split(str(TINY_WIKI), "test")).splitlines() if len(p) > 80][:4]
 QUESTIONS = [

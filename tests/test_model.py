@@ -136,6 +136,7 @@ def test_generate_greedy_is_deterministic_and_stops_at_eos():
     assert always_stop.shape[1] == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_cuda_model_samples_a_cpu_prompt_as_the_cpu_model_does():
     """Training's samples (model cards, the EOS table, `complete`) pass CPU prompts to a model on the GPU."""

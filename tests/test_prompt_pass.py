@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from models.sampling import SamplingParams
+from server.engine.core import GenerationEngine
 from server.execution.compiler import BackgroundCompiler, Pass, inductor_settings
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.verify_pass import VerifyPass
@@ -25,13 +26,27 @@ def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
     return out
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant):
-    """Groups of one and of three prompts (different lengths, right-padded, slots not at 0): the next-token
-    logits and every key and value written match the eager pass within float32's rounding."""
+def with_prompt_pass(variant: str) -> GPTRunner:
+    """A 128-context GPT's runner of 4 slots, its prompts' pass built."""
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant]), None, 4)
     with torch.inference_mode():
         runner.prompts.compiled[None] = BackgroundCompiler.of(runner.prompts, [None], None, "test").build(None)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def rope_runner():
+    """The rope variant's runner, built once for the group test and the engine test."""
+    return with_prompt_pass("rope")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant, request):
+    """Groups of one and of three prompts (different lengths, right-padded, slots not at 0): the next-token
+    logits and every key and value written match the eager pass within float32's rounding."""
+    runner = request.getfixturevalue("rope_runner") if variant == "rope" else with_prompt_pass(variant)
+    with torch.inference_mode():
         for slots, prompts in [([0], [[5, 17, 3, 42, 8, 11, 2, 9]]), ([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17])]:
             (want, want_cache), (got, got_cache) = prefill_both(runner, slots, prompts)
             assert got.shape == (len(prompts), 97)
@@ -40,14 +55,17 @@ def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant):
                 torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
-def test_the_engine_gives_the_eager_tokens_with_the_compiled_prompt_pass():
-    model = tiny_gpt(vocab_size=97, context_length=128, positions="rope")
+@pytest.mark.compile
+def test_the_engine_gives_the_eager_tokens_with_the_compiled_prompt_pass(rope_runner):
+    """An engine of two rows over the rope runner, its prompts' pass built (the group test's)."""
+    model = rope_runner.model
     greedy = SamplingParams(max_new_tokens=24, temperature=0, eos_bias=float("-inf"))
     prompts = [[5, 17, 3, 42, 8, 11, 2, 9], [1, 2], [60] * 40]
-    eager, compiled = started(model), started(model)
+    eager, compiled = started(model), GenerationEngine(rope_runner, max_batch_size=2, max_queue=8)
+    compiled.tokenizer = eager.tokenizer
+    compiled.start()
     try:
-        prompt_pass = compiled.runner.prompts
-        prompt_pass.compiled[None] = BackgroundCompiler.of(prompt_pass, [None], None, "test").build(None)
+        assert None in compiled.runner.prompts.compiled
         for prompt in prompts:
             want = [e.id for e in eager.generate(prompt, greedy)[0]]
             assert [e.id for e in compiled.generate(prompt, greedy)[0]] == want

@@ -11,6 +11,7 @@ from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.loader import load_runner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
+from tests.test_compiled_step import packed_linears
 
 
 def test_int8_linear_is_within_its_rounding_of_the_float_layer():
@@ -26,6 +27,7 @@ def test_int8_linear_is_within_its_rounding_of_the_float_layer():
         assert (got - want).abs().max() <= bound + 0.05 * want.abs().max() * (dtype == torch.bfloat16)
 
 
+@pytest.mark.compile
 def test_an_int8_gpt_compiles_and_decodes_as_its_eager_self():
     model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64, positions="rope"))
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
@@ -67,21 +69,21 @@ def test_an_int8_layer_dequantizes_for_products_of_many_rows_with_the_kernels_nu
     assert (many - few).abs().max() <= 2e-2 * (1 + few.abs().max())
 
 
+@pytest.mark.compile
 def test_many_row_int8_steps_freeze_a_dequantized_weight_into_prepacked_linears():
     """Inductor keeps an int8 -> bf16 conversion in the graph (for its int8 kernels): a bucket of
     more rows would dequantize every weight at every step, then run an unpacked product."""
-    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
 
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN's bf16 linear needs a CPU with bf16 support")
     model = quantize_int8(tiny_gpt(vocab_size=97, context_length=64).to(torch.bfloat16).eval())
     step = GPTRunner(model, None, 8).step
     rows = INT8_KERNEL_MAX_ROWS * 2
-    counters.clear()
     with torch._inductor.config.patch(force_disable_caches=True):
-        BackgroundCompiler.of(step, [rows], None, "test").build(rows)  # checked against eager
-    packed = {k: v for k, v in counters["inductor"].items() if "linear_weight_pack" in k and k.endswith("_count")}
-    assert packed and sum(packed.values()) >= 4 * 2  # the qkv, attention, MLP linears of both blocks (and the head)
+        _, code = run_and_get_code(BackgroundCompiler.of(step, [rows], None, "test").build, rows)  # checked vs eager
+    # the qkv, attention, MLP linears of both blocks (and the head) on packed frozen weights
+    assert packed_linears("\n".join(code)) >= 4 * 2
 
 
 def test_without_avx512_a_float32_models_int8_kernel_gets_bf16_activations(monkeypatch):

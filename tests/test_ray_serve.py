@@ -15,6 +15,8 @@ from server.config import Settings  # noqa: E402
 from server.ray_serve import REPLICA_HEADER, RayServeOptions, app_builder, build_app, torch_threads  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 REPLICA = REPLICA_HEADER.decode()
 
 

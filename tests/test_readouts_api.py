@@ -3,16 +3,11 @@ models built on the fly."""
 
 import pytest
 import torch
-from fastapi.testclient import TestClient
-
-from server.api.app import create_app
-from server.config import Settings
 
 
-@pytest.fixture(scope="module")
-def client(store):
-    with TestClient(create_app(Settings(store=store, max_queue=4, max_new_tokens_cap=40))) as c:
-        yield c
+@pytest.fixture
+def client(store_client):
+    return store_client  # the app over the shared store (conftest.py), built once for the session
 
 
 @pytest.mark.parametrize("model", ["tiny-gpt", "tiny-mlm-softmax0", "tiny-mlm-softmax1"])

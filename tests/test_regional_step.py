@@ -1,6 +1,8 @@
 """Building decode steps: the blocks of a step as one nested compile region (compiler.py, regional_copy),
 and a bucket not built yet running padded on a larger built one."""
 
+import threading
+
 import pytest
 import torch
 
@@ -12,12 +14,28 @@ from tests.conftest import AVX2, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
 
 
+def tracing(monkeypatch) -> list[torch.fx.GraphModule]:
+    """The graphs dynamo hands the compiler's backend on this thread (a build called here, not another test's
+    compiler still running)."""
+    import server.execution.compiler
+
+    traced: list[torch.fx.GraphModule] = []
+    builder, capture = threading.current_thread(), server.execution.compiler.GraphCapture.__call__
+
+    def recorded(c, graph, inputs):
+        if threading.current_thread() is builder:
+            traced.append(graph)
+        return capture(c, graph, inputs)
+
+    monkeypatch.setattr(server.execution.compiler.GraphCapture, "__call__", recorded)
+    return traced
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_step(monkeypatch, variant):
     """The weights graph inputs: every block is the same nested compile region, and each bucket's step gives
     the eager step's tokens and logits, without recompiling on the live inputs."""
-    import server.execution.compiler
-
     model = tiny_gpt(vocab_size=97, context_length=64, n_layer=3, **VARIANTS[variant])
     step = DecodeStep(model, 4)
     blocks = step.regional_model.blocks
@@ -30,16 +48,12 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
     with torch.inference_mode():
         for t in step.cache.tensors():
             t.normal_()
-    traced: list[torch.fx.GraphModule] = []  # the graphs dynamo hands the backend
-    capture = server.execution.compiler.GraphCapture.__call__
-    monkeypatch.setattr(
-        server.execution.compiler.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i)
-    )
+    traced = tracing(monkeypatch)
     for rows in step.compile_order(4):
         step.compiled[rows] = compiler.build(rows, regional=True)
         calls = [n for n in traced[-1].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
-        # every block calls the one region (torch 2.11 traced a region per block: 30 for a 30-layer model)
-        assert len(calls) == 3 and len({n.args[0].target for n in calls}) == 1
+        # every block calls the one region, built once (torch 2.11 traced a region per block: 30 for 30 layers)
+        assert len(calls) == len(blocks) and len({n.args[0].target for n in calls}) == 1
         _, columns = step.bucket(rows, 40)
         with torch.inference_mode():  # as the engine makes them
             tok, pos, bias, allowed, *cache = step.inputs(rows, columns)
@@ -81,12 +95,11 @@ def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("dtype", ["float32-avx2", "bfloat16"])
 def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_without_dynamo(monkeypatch, dtype):
     """On the CPU the regional graph runs the eager model's prepacked layers (oneDNN's, an opaque op to inductor),
     their packed weights graph inputs bound at build time, not frozen copies; the engine calls the graph itself."""
-    import server.execution.compiler
-
     if dtype == "bfloat16":
         if not cpu_features().onednn_bf16:
             pytest.skip("this CPU's oneDNN has no bf16")
@@ -95,11 +108,7 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
         emulate_cpu(monkeypatch, AVX2)  # float32 prepacked without AVX-512 (kernels run as this CPU can)
         model = tiny_gpt(vocab_size=97, context_length=64, n_layer=2)
     step = DecodeStep(model.eval(), 2)
-    traced: list[torch.fx.GraphModule] = []
-    capture = server.execution.compiler.GraphCapture.__call__
-    monkeypatch.setattr(
-        server.execution.compiler.GraphCapture, "__call__", lambda c, g, i: traced.append(g) or capture(c, g, i)
-    )
+    traced = tracing(monkeypatch)
     compiled = BackgroundCompiler.of(step, [2], None, "test").build(2, regional=True)
     region = next(m for name, m in traced[0].named_modules() if "subgraph" in name)
     assert any(n.target is torch.ops.tinyserve.prepacked_linear.default for n in region.graph.nodes)
@@ -118,6 +127,7 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
     torch.testing.assert_close(got[2].float(), want[2].float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.compile
 def test_a_regional_build_that_fails_is_built_whole_and_a_failed_frozen_build_keeps_the_regional_graph(
     monkeypatch, caplog
 ):
@@ -147,6 +157,7 @@ def test_a_regional_build_that_fails_is_built_whole_and_a_failed_frozen_build_ke
     assert list(compiler.seconds) == ["DecodeStep_1_regional", "DecodeStep_2_regional"]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole"])
 def test_a_built_step_keeps_none_of_its_scratch_inputs(monkeypatch, regional):
     """A bucket's scratch inputs are a whole cache of its rows: a graph that held them would keep that memory for

@@ -1,11 +1,14 @@
 """The real server: `python -m server` under uvicorn on 127.0.0.1, spoken to over the socket."""
 
 import httpx
+import pytest
 
 from model_store.store import write_checkpoint
 from models.tokenizer import eos_id
 from scripts.processes import http_server, server_output
 from tests.conftest import tiny_gpt
+
+pytestmark = pytest.mark.slow
 
 
 def test_uvicorn_process_serves_generate(tmp_path, tiny_tokenizer):

@@ -4,6 +4,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,6 +16,8 @@ from training import SHARED_DATA
 from training.data import detokenize_wikitext
 from training.eos import eos_lengths
 from training.variants import variant_overrides
+
+pytestmark = pytest.mark.slow
 
 SHIPPED = STORE_ROOT / "gpt-wikitext2"
 WIKITEXT_TRAIN = SHARED_DATA / "wikitext-2-raw" / "train.txt"

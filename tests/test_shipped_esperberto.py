@@ -16,6 +16,8 @@ from tests.conftest import FIXTURES
 from training.esperberto.data import encode_blocks
 from training.esperberto.train import evaluate_mlm
 
+pytestmark = pytest.mark.slow
+
 VARIANTS = ("softmax0", "softmax1")
 VERB_ENDINGS = ("as", "is", "os", "us")  # Esperanto present, past, future, conditional
 

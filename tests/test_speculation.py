@@ -177,6 +177,7 @@ def test_no_check_until_its_pass_is_built_nor_with_two_rows(model, tiny_tokenize
     assert two.stats.draft_tokens == 0
 
 
+@pytest.mark.compile
 def test_the_compiled_check_is_built_and_gives_the_eager_tokens(model, tiny_tokenizer):
     ids = tiny_tokenizer.encode(PROMPTS[0]).ids
     params = SamplingParams(max_new_tokens=40, **FREE)

@@ -14,6 +14,8 @@ from tests.conftest import REPO, TINY_WIKI
 from training.card import rewrite_card
 from training.trainer import TrainConfig, lr_at, train
 
+pytestmark = pytest.mark.slow
+
 TINY_MODEL = dict(vocab_size=300, n_layer=2, n_head=4, d_model=32, d_ff=64, context_length=32, dropout=0.0)
 
 
