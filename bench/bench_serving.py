@@ -111,8 +111,8 @@ def mlm_checkpoint() -> tuple[Path, str]:
         if info.ok and info.family.kind == "mlm":
             return info.path, info.id
     from model_store.store import write_manifest
-    from training import SHARED_DATA
     from models.esperberto import build_model, make_config, save_model
+    from training import SHARED_DATA
     from training.esperberto.data import read_corpus, train_roberta_tokenizer
 
     scratch = tempfile.mkdtemp()
