@@ -11,7 +11,7 @@ from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.loader import load_runner
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
-from tests.test_compiled_step import packed_linears
+from tests.test_cpu_kernels import packed_linears
 
 
 def test_int8_linear_is_within_its_rounding_of_the_float_layer():

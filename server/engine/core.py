@@ -164,8 +164,7 @@ class GenerationEngine:
     # -- 1. schedule --------------------------------------------------------------------------
 
     def _schedule(self) -> list[GenerationRequest]:
-        """Retire finished, cancelled and timed-out rows (their slots refilled), then take the waiting
-        requests that fit in the batch."""
+        """Retire finished, cancelled and timed-out rows (their slots refilled), then admit the waiting that fit."""
         kept = [row for row in self._rows if not row.finished and self._wanted(row)]
         if len(kept) < len(self._rows):
             self._compact(kept)
@@ -383,8 +382,7 @@ class GenerationEngine:
     # -- synchronous use (tests, command line, Cog): text made on the caller's thread ----------
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None) -> Iterator[Event]:
-        """Submit and yield every event, with its text, as it comes; closing the iterator early cancels
-        the request."""
+        """Submit and yield every event, with its text, as it comes; closing the iterator cancels the request."""
         outs: queue.Queue[EngineOutput] = queue.Queue()
         req = self.submit(prompt_ids, params, outs.put, timeout_s)
         made = RequestOutput(req, self.tokenizer, self.eos_id)
