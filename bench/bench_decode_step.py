@@ -88,7 +88,7 @@ def measure_one(model_id: str, candidate: str, dtype: str, rows: int) -> dict:
         cache = static.view(rows, COLUMNS).tensors()
         tokens, positions = torch.full((rows, 1), 5), torch.full((rows, 1), T)
         eos_bias, allowed = torch.zeros(rows), torch.ones(rows, c.vocab_size, dtype=torch.bool)
-        step = eager_step(model, c.n_layer, fused_attention=False)
+        step = eager_step(model, fused_attention=False)
         t = time.perf_counter()
         fn = build(candidate, step, (tokens, positions, eos_bias, allowed, *cache))
         expected = step(tokens, positions, eos_bias, allowed, *[x.clone() for x in cache])[2].float()  # the logits

@@ -41,6 +41,7 @@ class EncoderStep:
         self.vocab_size = model.config.vocab_size
         self.buckets = buckets(max_tokens, smallest=16)
         self.traced = eager_encoder(model)  # also what runs until a bucket is compiled
+        self.model = model
         # length bucket -> compiled encoder: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when a bucket's graph is built and checked; read by __call__ on the compute
         # thread (fill-mask, server/features/readouts.py), which runs a text eagerly, unpadded, until then
@@ -59,6 +60,15 @@ class EncoderStep:
         mask = torch.ones((1, length), dtype=torch.long, device=self.device)
         mask[:, length - length // 4 :] = 0  # some padding, as requests have
         return ids, mask
+
+    def real_inputs(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.example(length)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over the final hidden states: what fill-mask ranks."""
+        from models.esperberto.model import lm_logits
+
+        return lm_logits(self.model, hidden)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(T,) token ids -> (T, C) final hidden states."""

@@ -26,10 +26,10 @@ PromptFn = Callable[..., torch.Tensor]
 EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (sizes of 0 and 1 would specialise)
 
 
-def prompt_pass(model: GPT, n_layer: int) -> PromptFn:
+def prompt_pass(model: GPT) -> PromptFn:
     """The prefill as a plain function of tensors (the form every compiler takes)."""
 
-    forward = forward_over(model, n_layer)
+    forward = forward_over(model)
 
     def prefill(ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
         """-> the logits after each row's last prompt token (B, vocab)."""
@@ -43,13 +43,13 @@ class PromptPass:
 
     def __init__(self, step: DecodeStep) -> None:
         """Over the decode step's models (plain and prepacked) and cache, with its rounding dtype."""
+        self.step = step
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.cache = step.cache
         self.vocab_size = step.vocab_size
-        n_layer = step.model.config.n_layer
-        self.traced = prompt_pass(step.model, n_layer)  # what the compiler traces and checks against
-        self.uncompiled = prompt_pass(step.eager_model, n_layer)  # the prepacked copy's (prepacked.py)
+        self.traced = prompt_pass(step.model)  # what the compiler traces and checks against
+        self.uncompiled = prompt_pass(step.eager_model)  # the prepacked copy's (prepacked.py)
         # None -> the compiled pass: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
         # (GPTRunner.prefill), which runs eagerly until then and for one-token prompts
@@ -80,6 +80,20 @@ class PromptPass:
             torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(t, 2)
         return ids, positions, last, *cache
+
+    def real_inputs(self, bucket: None) -> tuple[torch.Tensor, ...]:
+        """A real group's inputs (compiler.py's check): two prompts of the check's text, right-padded."""
+        text, lengths = self.step.check_ids, [EXAMPLE_TOKENS, EXAMPLE_TOKENS // 2 + 1]
+        B, T = len(lengths), max(lengths)
+        rows = [[text[(5 * row + j) % len(text)] for j in range(T)] for row in range(B)]
+        ids = torch.tensor(rows, device=self.device)
+        positions = torch.arange(T, device=self.device).expand(B, T)
+        last = torch.tensor(lengths, device=self.device) - 1
+        cache = self.step.model.new_cache(B, columns=self.step.context + 1)
+        return ids, positions, last, *cache.view(B, T).tensors()
+
+    def logits(self, output: torch.Tensor) -> torch.Tensor:
+        return output
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: StaticKVCache

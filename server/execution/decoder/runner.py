@@ -14,7 +14,7 @@ from models.gpt import GPT
 from server.config import default
 from server.execution.compiler import Pass
 from server.execution.decoder.prompt_pass import PromptPass
-from server.execution.decoder.step import DecodeStep
+from server.execution.decoder.step import CHECK_TEXT, DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
 from server.execution.runner import ModelFacts, StepOutput, TextCodec, context_within, right_padded
 
@@ -46,7 +46,8 @@ class GPTRunner:
             config=c.to_dict(),
         )
         self.device = next(model.parameters()).device
-        self.step = DecodeStep(model, max_rows)
+        check_ids = self.tokenizer.encode(CHECK_TEXT) if self.tokenizer is not None else None
+        self.step = DecodeStep(model, max_rows, check_ids)
         self.prompts = PromptPass(self.step)
         self.verifier = VerifyPass(self.step)
         self.facts = replace(

@@ -5,13 +5,16 @@ has p tokens runs on b rows (b in 1, 2, 4, ... max rows, padding rows included) 
 key columns of each, S = p rounded up to a multiple of 16 (reading all `context` columns of every row
 cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
 column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
-Inputs are preallocated tensors written in place (views of the cache for the columns), which is what
+Inputs are preallocated tensors written in place, and the cache's rows whole, which is what
 a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/execution/decoder/cuda_graphs.py). Until
 a b's compiled step is ready (server/execution/compiler.py builds them off the request path), the step runs on a
 larger built bucket (`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers:
 server/execution/decoder/prepacked.py). The step takes
-the cache views as arguments rather than reading the model's cache attribute: a compiler freezing the
-weights must see the cache as inputs it mutates, not as constants.
+the cache tensors as arguments rather than reading the model's cache attribute: a compiler freezing the
+weights must see the cache as inputs it mutates, not as constants. It reads their first S columns, S the length
+of a `span` argument (a tensor of S elements, never read): one size, the graph's one dynamic one, for every
+layer, so a regional build traces one block and reuses it for all (views of S columns passed in each had a size
+of their own, and no block's region was reused: a 30-layer model's regional builds failed).
 """
 
 from __future__ import annotations
@@ -31,28 +34,42 @@ from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.runner import StepOutput
 
-# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, *cache tensors)
-#   -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); mutates the cache tensors
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, span (S,), *cache tensors (b, *, context
+#   + 1, *)) -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); reads and writes the cache's first S
+#   columns
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
+# The most columns a compiled step reads: inductor's CPU code sums more than 4096 floats in chunks, a choice it makes
+# by the size, which a graph for every column count cannot make (its build fails); longer rows' steps run eagerly
+COMPILED_COLUMNS = 4096
+
+# What the compiler's check runs a built pass on (server/execution/compiler.py, `disagreement`): prompts of real
+# text, as a request gives them, whose statistics scratch inputs lack (a random cache gave a real model's steps
+# differences its requests never see)
+CHECK_TEXT = (
+    "The history of the city begins in the early Middle Ages, when a small market grew up beside the river. Its "
+    "first charter was granted in 1172, and by the fourteenth century it had a cathedral, two abbeys and a stone "
+    "bridge. Once upon a time, a little girl named Lily found a shiny red ball in the park. She was very happy and "
+    'ran home to show her mother, who smiled and said: "Let us play together after dinner."'
+)
 
 
-def forward_over(model: GPT, n_layer: int, **options) -> Callable[..., torch.Tensor]:
+def forward_over(model: GPT, **options) -> Callable[..., torch.Tensor]:
     """The one call of the model behind every pass (the decode step, the prompts' pass, the draft check):
     forward(ids (B, T), positions (B, T), cache tensors, logits_at=None) -> logits (B, T or 1, vocab), the ids'
     keys and values written into the cache. Each pass is this call and a head that makes what it returns."""
 
     def forward(ids: torch.Tensor, positions: torch.Tensor, cache, logits_at=None) -> torch.Tensor:
-        static = StaticKVCache.from_tensors(cache, n_layer)
+        static = StaticKVCache.from_tensors(cache, model.config.n_layer)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
         return model.forward(ids, input_pos=positions, cache=static, logits_at=logits_at, **options).logits
 
     return forward
 
 
-def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
+def eager_step(model: GPT, fused_attention: bool) -> StepFn:
     """The decode step as a plain function of tensors (the form every compiler takes).
 
     fused_attention: SDPA's one op (eager: quicker than the explicit product's several ops), or the explicit
@@ -66,17 +83,19 @@ def eager_step(model: GPT, n_layer: int, fused_attention: bool) -> StepFn:
     handles.
     """
     eos_id = model.config.eos_token_id
-    forward = forward_over(model, n_layer, fused_attention=fused_attention)
+    forward = forward_over(model, fused_attention=fused_attention)
 
     def step(
         tokens: torch.Tensor,
         positions: torch.Tensor,
         eos_bias: torch.Tensor,
         allowed: torch.Tensor,
+        span: torch.Tensor,
         *cache: torch.Tensor,
     ):
         """-> greedy tokens (b,), their logprobs (b,), the logits (b, vocab)."""
-        logits = forward(tokens, positions, cache)[:, -1]  # (b, vocab)
+        columns = [t[:, :, : span.shape[0]] for t in cache]  # (b, *, S, *)
+        logits = forward(tokens, positions, columns)[:, -1]  # (b, vocab)
         return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
 
     return step
@@ -151,18 +170,28 @@ def rounding_dtype(model: GPT) -> torch.dtype:
     return max(dtypes, key=lambda d: torch.finfo(d).eps)
 
 
+def check_lengths(rows: int, context: int) -> list[int]:
+    """Prompt lengths for `rows` rows of the check: 8 to 24 tokens, unequal (so rows read different columns)."""
+    return [min(8 + 7 * i % 17, context // 2) for i in range(rows)]
+
+
 class DecodeStep:
-    def __init__(self, model: GPT, max_rows: int) -> None:
+    def __init__(self, model: GPT, max_rows: int, check_ids: list[int] | None = None) -> None:
+        """check_ids: the check's text's tokens (CHECK_TEXT, by the checkpoint's tokenizer); without a tokenizer,
+        ids spread over the vocabulary."""
         self.model = model
+        vocab = model.config.vocab_size
+        self.check_ids = check_ids or [(7 + 131 * i) % vocab for i in range(64)]
         self.max_rows = max_rows
         self.row_buckets = buckets(max_rows)
         self.context = model.config.context_length
+        self.compiled_columns = min(self.context, COMPILED_COLUMNS)  # the longest a compiled step reads
         self.device = next(model.parameters()).device
         self.dtype = rounding_dtype(model)  # sets the compiled step's tolerance
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
-        self.uncompiled = eager_step(self.eager_model, model.config.n_layer, fused_attention=True)
+        self.uncompiled = eager_step(self.eager_model, fused_attention=True)
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
             # one spare column: every view of the first S <= context columns is then strided alike; a view
             # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
@@ -171,9 +200,9 @@ class DecodeStep:
         # plain model as one whole graph (frozen on the CPU), or regionally (compiler.py, regional_copy):
         # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU):
         # much quicker to build than one whole graph of a many-layer model
-        self.traced = eager_step(model, model.config.n_layer, fused_attention=False)
+        self.traced = eager_step(model, fused_attention=False)
         self.regional_model = regional_copy(self.eager_model)
-        self.regional = eager_step(self.regional_model, model.config.n_layer, fused_attention=False)
+        self.regional = eager_step(self.regional_model, fused_attention=False)
         # rows -> compiled step (any columns): written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when a bucket's graph is built and checked (a frozen one replaces the regional
         # one); read by __call__ on the compute thread (GPTRunner.decode), which runs a bucket without one on a
@@ -189,7 +218,8 @@ class DecodeStep:
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}
         self._host_outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> pinned (greedy, logprobs), CUDA
-        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._views: dict[int, list[torch.Tensor]] = {}  # rows -> the cache's rows, whole
+        self._spans: dict[int, torch.Tensor] = {}  # columns -> a span of that many
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
         """The (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
@@ -201,12 +231,14 @@ class DecodeStep:
 
     def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
         """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
-        cache views (b, *, S, *)."""
+        the span (S,), the cache's first b rows."""
         if rows not in self._rows:
             self._rows[rows] = StepInputs(rows, self.vocab_size, self.device)
-        if (rows, columns) not in self._views:
-            self._views[rows, columns] = self.cache.view(rows, columns).tensors()
-        return *self._rows[rows].tensors(), *self._views[rows, columns]
+        if rows not in self._views:
+            self._views[rows] = self.cache.view(rows, self.context + 1).tensors()
+        if columns not in self._spans:
+            self._spans[columns] = torch.empty(columns, dtype=torch.int8, device=self.device)
+        return *self._rows[rows].tensors(), self._spans[columns], *self._views[rows]
 
     def compile_order(self, max_rows: int) -> list[int]:
         return compile_order(self.row_buckets, max_rows)
@@ -229,16 +261,41 @@ class DecodeStep:
             torch.randn(shape, generator=generator, device=self.device).to(t.dtype)
             for shape, t in zip(shapes, self.cache.tensors(), strict=True)
         ]
-        _, columns = self.bucket(rows, self.context // 2 + 1)
-        cache = [t[:, :, :columns] for t in full]
-        if self.context > COLUMN_STEP:  # more than one column count: one graph for all of them
-            for t in cache:
-                torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.context)
+        _, columns = self.bucket(rows, self.compiled_columns // 2 + 1)
+        span = torch.empty(columns, dtype=torch.int8, device=self.device)
+        if self.compiled_columns > COLUMN_STEP:  # more than one column count: one graph for all of them
+            torch._dynamo.mark_dynamic(span, 0, min=COLUMN_STEP, max=self.compiled_columns)
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
-        return tokens, positions, eos_bias, allowed, *cache
+        return tokens, positions, eos_bias, allowed, span, *full
+
+    def prefilled(self, lengths: list[int]) -> tuple[StaticKVCache, torch.Tensor]:
+        """A scratch cache shaped as the live one, one slot a prompt of the check's text of each length, filled by
+        the eager prefill, and the token the model picks after each prompt (rows,)."""
+        cache = self.model.new_cache(len(lengths), columns=self.context + 1)
+        forward, text, picked = forward_over(self.eager_model), self.check_ids, []
+        for row, length in enumerate(lengths):
+            ids = torch.tensor([[text[(3 * row + j) % len(text)] for j in range(length)]], device=self.device)
+            positions = torch.arange(length, device=self.device).view(1, length)
+            logits = forward(ids, positions, cache.view(1, length, start=row).tensors())  # (1, length, vocab)
+            picked.append(logits[0, -1].argmax())
+        return cache, torch.stack(picked)
+
+    def real_inputs(self, rows: int) -> tuple[torch.Tensor, ...]:
+        """A real step's inputs (compiler.py's check): rows of the check's text, their next tokens to write."""
+        lengths = check_lengths(rows, self.context)
+        cache, picked = self.prefilled(lengths)
+        _, columns = self.bucket(rows, max(lengths) + 1)
+        positions = torch.tensor(lengths, device=self.device).view(rows, 1)
+        eos_bias = torch.zeros(rows, device=self.device)
+        allowed = torch.ones((rows, self.vocab_size), dtype=torch.bool, device=self.device)
+        span = torch.empty(columns, dtype=torch.int8, device=self.device)
+        return picked.view(rows, 1), positions, eos_bias, allowed, span, *cache.tensors()
+
+    def logits(self, output: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return output[2]
 
     def __call__(
         self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
@@ -252,7 +309,7 @@ class DecodeStep:
             )
         inputs = self.inputs(rows, columns)
         self._rows[rows].write(tokens, positions, eos_bias, allowed)
-        if compiled := self.compiled.get(rows):
+        if (compiled := self.compiled.get(rows)) and columns <= self.compiled_columns:
             # the graph itself where it can be (compiler.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:
                 outputs = self.graphs((rows, columns), compiled, *inputs)

@@ -19,23 +19,24 @@ import torch
 
 from models.gpt import GPT
 from models.sampling import greedy_choice
-from server.execution.decoder.step import COLUMN_STEP, DecodeStep, forward_over
+from server.execution.decoder.step import COLUMN_STEP, DecodeStep, check_lengths, forward_over
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
 
-# (tokens (1, T), positions (1, T), eos_bias (1, T), *cache views (1, *, S, *)) -> (greedy (T,), logprobs (T,));
-# writes the T tokens' keys and values at their positions
-VerifyFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (tokens (1, T), positions (1, T), eos_bias (1, T), *cache views (1, *, S, *)) -> (greedy (T,), logprobs (T,),
+# logits (T, vocab)); writes the T tokens' keys and values at their positions
+VerifyFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def verify_pass(model: GPT, n_layer: int) -> VerifyFn:
+def verify_pass(model: GPT) -> VerifyFn:
     """The draft check as a plain function of tensors (the form every compiler takes)."""
     eos_id = model.config.eos_token_id
-    forward = forward_over(model, n_layer)
+    forward = forward_over(model)
 
     def verify(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
-        """-> the greedy token after each of the T tokens (T,) and its logprob (T,)."""
-        return greedy_choice(forward(tokens, positions, cache)[0], eos_bias[0], eos_id)
+        """-> the greedy token after each of the T tokens (T,), its logprob (T,), the logits (T, vocab)."""
+        logits = forward(tokens, positions, cache)[0]
+        return *greedy_choice(logits, eos_bias[0], eos_id), logits
 
     return verify
 
@@ -49,9 +50,8 @@ class VerifyPass:
         self.step = step  # its cache, context and column buckets
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
-        n_layer = step.model.config.n_layer
-        self.traced = verify_pass(step.model, n_layer)  # what the compiler traces and checks against
-        self.uncompiled = verify_pass(step.eager_model, n_layer)
+        self.traced = verify_pass(step.model)  # what the compiler traces and checks against
+        self.uncompiled = verify_pass(step.eager_model)
         # BUCKET -> the compiled pass: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
         # (GPTRunner.verify, for server/engine/speculation.py), which returns None until then: no draft check
@@ -74,30 +74,44 @@ class VerifyPass:
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
         generator = torch.Generator(device=self.device).manual_seed(0)
-        _, columns = self.step.bucket(1, self.step.context // 2 + 1)
+        _, columns = self.step.bucket(1, self.step.compiled_columns // 2 + 1)
         full = [
             torch.randn((1, *t.shape[1:]), generator=generator, device=self.device).to(t.dtype)
             for t in self.step.cache.tensors()
         ]
         cache = [t[:, :, :columns] for t in full]
         for t in cache:
-            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.step.context)
+            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.step.compiled_columns)
         tokens = torch.randint(self.step.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
         positions = torch.arange(VERIFY_TOKENS, device=self.device).view(1, -1) + columns // 2
         return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache
+
+    def real_inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """A real draft check's inputs (compiler.py's check): a prompt of the check's text in slot 0, its next
+        tokens of that text to check."""
+        (length,) = check_lengths(1, self.step.context)
+        cache, _ = self.step.prefilled([length])
+        text = self.step.check_ids
+        tokens = torch.tensor([[text[(length + j) % len(text)] for j in range(VERIFY_TOKENS)]], device=self.device)
+        positions = torch.arange(length, length + VERIFY_TOKENS, device=self.device).view(1, -1)
+        _, columns = self.step.bucket(1, length + VERIFY_TOKENS)
+        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache.view(1, columns).tensors()
+
+    def logits(self, output: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return output[2]
 
     def __call__(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
         """The greedy token (its EOS bias applied) after each of tokens (VERIFY_TOKENS of them, the first at
         `position` of slot 0) and its logprob; their keys and values written. None until the pass is compiled."""
         compiled = self.compiled.get(self.BUCKET)
-        if compiled is None:
-            return None
         _, columns = self.step.bucket(1, position + VERIFY_TOKENS)
+        if compiled is None or columns > self.step.compiled_columns:
+            return None
         tok, pos, bias = self._arrays
         tok[0] = tokens
         pos[0] = np.arange(position, position + VERIFY_TOKENS)
         bias[0] = eos_bias
         if columns not in self._views:
             self._views[columns] = self.step.cache.view(1, columns).tensors()
-        greedy, logprobs = compiled(*self._inputs, *self._views[columns])
+        greedy, logprobs, _ = compiled(*self._inputs, *self._views[columns])
         return greedy.tolist(), logprobs.tolist()
