@@ -277,9 +277,15 @@ class BackgroundCompiler:
     graph after the regional one)."""
 
     def __init__(
-        self, passes: list[Pass | tuple], cache_dir: Path | None, key: str, threads: int | None = None
+        self,
+        passes: list[Pass | tuple],
+        cache_dir: Path | None,
+        key: str,
+        threads: int | None = None,
+        name: str = "the model",
     ) -> None:
         self.passes = [Pass(*p) for p in passes]
+        self.name = name  # what the log calls the model
         self.targets = {p.bucket: p.target for p in self.passes}  # a bucket's passes are one target's
         # the OpenMP threads the compiled code runs with (the compute thread's): inductor compiles on one
         # (inductor_on_one_thread) and would size its loops to that
@@ -287,6 +293,7 @@ class BackgroundCompiler:
         self.cache_dir = cache_dir / key if cache_dir is not None else None
         self.failed: dict[str, str] = {}  # pass label -> why it was not built
         self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
+        self.building: str | None = None  # the pass label being built
         self.done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -311,8 +318,9 @@ class BackgroundCompiler:
         gc.set_threshold(threshold[0], threshold[1], 100)
         try:
             settle_garbage()  # what loading left: the first build's collections then skip it
+            started = time.perf_counter()
             for target, bucket, regional in self.passes:
-                label = self.label(bucket, regional)
+                label = self.building = self.label(bucket, regional)
                 try:
                     t = time.perf_counter()
                     target.compiled[bucket] = on_own_thread(self.build, bucket, regional)
@@ -323,9 +331,35 @@ class BackgroundCompiler:
                     kept = "keeps its regional graph" if bucket in target.compiled else "stays eager"
                     log.warning("%s not built, the bucket %s: %s", label, kept, self.failed[label])
                 settle_garbage()
+            self.building = None
+            took = time.perf_counter() - started
+            if self.failed:
+                log.warning(
+                    "%s compiled %d of %d passes in %.0f s; not built: %s",
+                    self.name,
+                    len(self.seconds),
+                    len(self.passes),
+                    took,
+                    ", ".join(self.failed),
+                )
+            else:
+                log.info("%s at full speed: all %d passes compiled in %.0f s", self.name, len(self.passes), took)
         finally:
             gc.set_threshold(*threshold)
             self.done.set()
+
+    def states(self) -> dict[str, str]:
+        """Each pass's state, in build order (/info): "built", "building", "waiting", or "not built: <why>"."""
+        states = {}
+        for _, bucket, regional in self.passes:
+            label = self.label(bucket, regional)
+            if label in self.seconds:
+                states[label] = "built"
+            elif label in self.failed:
+                states[label] = f"not built: {self.failed[label]}"
+            else:
+                states[label] = "building" if label == self.building else "waiting"
+        return states
 
     def label(self, bucket: Hashable, regional: bool = False) -> str:
         """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None), DecodeStep_1_regional: names the compiled

@@ -250,7 +250,7 @@ class ModelRegistry:
             cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
             p = next(m.model.parameters())
             key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
-            m.compiler = BackgroundCompiler(passes, cache_dir, key, self.compute.call(torch.get_num_threads))
+            m.compiler = BackgroundCompiler(passes, cache_dir, key, self.compute.call(torch.get_num_threads), m.id)
             compilers.append(m.compiler)
         return compilers
 

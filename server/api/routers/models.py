@@ -97,6 +97,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         kv_cache_bytes={m.id: m.facts.kv_cache_bytes for m in models if m.runner},
         context={m.id: m.facts.context_length for m in models if m.runner},
         compile_seconds={m.id: dict(m.compiler.seconds) for m in models if m.compiler},
+        compile_states={m.id: m.compiler.states() for m in models if m.compiler},
         placement=registry.placement.describe(),
     )
 

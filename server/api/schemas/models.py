@@ -71,6 +71,11 @@ class ServedState(BaseModel):
     compile_seconds: dict[str, dict[str, float]] = Field(
         description="per model, the seconds each compiled pass took to build so far (e.g. DecodeStep_8: 22.7)"
     )
+    compile_states: dict[str, dict[str, str]] = Field(
+        description="per model, each compiled pass in build order: built, building, waiting, or not built (and why: "
+        "its build failed, or its outputs on a real request's inputs were not the eager pass's); a pass not built "
+        "runs eagerly, or on a larger built bucket"
+    )
     placement: dict = Field(
         description="device, dtype, weights' form and kernels in use, why (setting or CPU feature), the CPU's features"
     )
