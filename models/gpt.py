@@ -191,7 +191,7 @@ class MLP(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, normalised in float32 and cast back before the weight (as Llama's)."""
+    """x / rms(x) * weight, normalised in float32 and cast to the weight's dtype before the weight (as Llama's)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -200,13 +200,20 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(self.weight.dtype)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm of the float32 residual stream, in the weight's dtype (what the next layer's products take)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype))
 
 
 def norm_layer(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+    return LayerNorm(config.d_model, eps=config.norm_eps)
 
 
 class Block(nn.Module):
@@ -321,11 +328,15 @@ class GPT(nn.Module):
         """Embeddings (or the residual stream given before a block), the blocks, the LM head (and the loss
         when targets are given)."""
         first, x = resid_pre if resid_pre is not None else (0, self._embed(idx, position_ids, kv_cache))
+        # the residual stream in float32 whatever the weights' dtype (as llama.cpp keeps its activations): half
+        # precision then rounds each block's output once, not the running sum of 30 blocks, which moved a real
+        # bf16 model's logits by up to 0.35 from float32's and parted its greedy tokens where float32's were clear
+        x = x.float()
         rotation = None
         if self.config.positions == "rope":
             c = self.config
             inv_freq = inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling, idx.device)
-            rotation = rope_rotation(position_ids, c.rotated_channels, x.dtype, inv_freq)
+            rotation = rope_rotation(position_ids, c.rotated_channels, self.tok_emb.weight.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
             cache = kv_cache.buffers[layer] if kv_cache is not None else None
