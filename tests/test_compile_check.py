@@ -1,13 +1,14 @@
-"""The check a compiled pass passes before it serves (server/execution/compiler.py, `disagreement`), on real
+"""The check a compiled pass passes before it serves (server/execution/step_check.py), on real
 requests' inputs, and what /info then says of each pass."""
 
 import pytest
 import torch
 
 from model_store import STORE_ROOT, load_gpt
-from server.execution.compiler import RANGE_FRACTION, BackgroundCompiler, Pass, disagreement
+from server.execution.compiler import BackgroundCompiler, Pass
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import CHECK_TEXT, check_lengths
+from server.execution.step_check import RANGE_FRACTION, disagreement
 from tests.conftest import tiny_gpt
 
 

@@ -22,13 +22,13 @@ defaults (Triton kernels), and the compute thread replays it as a CUDA graph per
 (server/execution/decoder/cuda_graphs.py).
 
 A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread
-has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked against
-the traced function run eagerly (the same kernels) before the engine may use it: a failure or a mismatch logs a
-line and leaves the bucket as it was. The engine then calls the built graph itself, not through dynamo
-(server/execution/graph_call.py). Inductor's artifacts are saved per checkpoint, dtype, device, weights' form, pass and
-torch version (torch.compiler.save_cache_artifacts), so a restarted server builds from its cache. A frozen CPU
-graph holds oneDNN tensors, which inductor does not pickle: the CPU's frozen passes compile at every start, its
-regional ones come from the cache (docs/BENCHMARKS.md, "Compiling").
+has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked on a real
+request's inputs against the traced function run eagerly (server/execution/step_check.py) before the engine may use
+it: a failure or a mismatch logs a line, shows in `states()`, and leaves the bucket as it was. The engine then
+calls the built graph itself, not through dynamo (server/execution/graph_call.py). Inductor's artifacts are saved
+per checkpoint, dtype, device, weights' form, pass and torch version (torch.compiler.save_cache_artifacts), so a
+restarted server builds from its cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: the
+CPU's frozen passes compile at every start, its regional ones come from the cache (docs/BENCHMARKS.md, "Compiling").
 """
 
 from __future__ import annotations
@@ -52,13 +52,10 @@ from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one 
 from models import cpu
 from server.execution.compute_thread import YieldToRequests
 from server.execution.graph_call import GraphCapture, skipping_guards
+from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
 T = TypeVar("T")
-
-
-class StepMismatchError(RuntimeError):
-    """The compiled function's next-token distribution is not the eager one's within the dtype's rounding."""
 
 
 class Compilable(Protocol):
@@ -85,36 +82,6 @@ class Compilable(Protocol):
     def matmul_rows(self, bucket: Hashable) -> int | None:
         """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
         ...
-
-
-# The check. A compiled pass serves once, on inputs a real request gives, its next-token distribution is the eager
-# pass's within the dtype's rounding: the log-probabilities of eager's top tokens, and the token it picks, which must
-# be eager's first or within the tolerance of it (a near-tie). A fused kernel rounds in other places than the eager
-# ops, and a logit's rounding grows with its size, so the tolerance is a fraction of each row's logit range (max -
-# min): half precision keeps 8 (bf16) or 11 (fp16) significant bits, float32 differs in its sums' order alone. A
-# fixed bound on random inputs refused every step of a real 30-layer model in bf16, whose tokens were right.
-RANGE_FRACTION = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
-TOP_TOKENS = 8  # eager's most likely tokens whose log-probabilities are compared
-
-
-def disagreement(expected: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> str | None:
-    """Why logits `got` do not stand for `expected` (both (..., vocab)), or None where they do."""
-    want, have = expected.float().flatten(0, -2), got.float().flatten(0, -2)  # (N, vocab)
-    span = want.amax(-1) - want.amin(-1)
-    tolerance = RANGE_FRACTION[dtype] * span  # (N,) in nats
-    want, have = want.log_softmax(-1), have.log_softmax(-1)
-    top = want.topk(min(TOP_TOKENS, want.shape[-1]), -1).indices
-    drift = (have.gather(-1, top) - want.gather(-1, top)).abs().amax(-1)  # (N,); NaN where got has one
-    behind = want.amax(-1) - want.gather(-1, have.argmax(-1, keepdim=True))[:, 0]  # eager's view of got's pick
-    checks = (("log-probabilities of eager's top tokens differ by", drift), ("its pick trails eager's by", behind))
-    for name, error in checks:
-        if bad := (~(error <= tolerance)).nonzero().flatten().tolist():
-            i = bad[0]
-            return (
-                f"row {i}: {name} {error[i]:.2e} nats > {tolerance[i]:.2e} ({RANGE_FRACTION[dtype]:.1e} of its logit "
-                f"range {span[i]:.1f}; {len(bad)} of {len(span)} rows)"
-            )
-    return None
 
 
 def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: str = "native") -> str:

@@ -45,7 +45,7 @@ COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
 # by the size, which a graph for every column count cannot make (its build fails); longer rows' steps run eagerly
 COMPILED_COLUMNS = 4096
 
-# What the compiler's check runs a built pass on (server/execution/compiler.py, `disagreement`): prompts of real
+# What the compiler's check runs a built pass on (server/execution/step_check.py): prompts of real
 # text, as a request gives them, whose statistics scratch inputs lack (a random cache gave a real model's steps
 # differences its requests never see)
 CHECK_TEXT = (
