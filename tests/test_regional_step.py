@@ -10,7 +10,7 @@ from models.cpu import cpu_features
 from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import DecodeStep
-from tests.conftest import AVX2, emulate_cpu, tiny_gpt
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
 
 
@@ -179,3 +179,15 @@ def test_a_built_step_keeps_none_of_its_scratch_inputs(monkeypatch, regional):
     step.compiled[2] = BackgroundCompiler.of(step, [2], None, "test").build(2, regional=regional)
     gc.collect()
     assert made and not [ref for ref in made if ref() is not None]
+
+
+def test_a_bucket_is_frozen_only_where_the_cpp_gemm_template_runs_its_products(monkeypatch):
+    """Above TEMPLATE_GEMM_MAX_ROWS rows on an AVX-512 CPU both graphs run the prepacked layers: no frozen copy of
+    the weights; without AVX-512 the template serves every row count, so every bucket is frozen."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 32)
+    emulate_cpu(monkeypatch, AVX512_BF16)
+    frozen = [p.bucket for p in runner.compile_passes(32) if p.target is runner.step and not p.regional]
+    assert frozen == [1, 2, 4]  # the compile order (1, 32, 2, 4, 8, 16) less the prepacked ones
+    emulate_cpu(monkeypatch, AVX2)
+    frozen = [p.bucket for p in runner.compile_passes(32) if p.target is runner.step and not p.regional]
+    assert frozen == [1, 32, 2, 4, 8, 16]

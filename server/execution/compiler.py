@@ -14,11 +14,11 @@ A pass is built regionally or whole. Regional (the GPT's decode steps, first): e
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
 layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build. Whole, on the
 CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs, and oneDNN's linear
-layers take their bias and activation: slower to build, but faster at every row count, so on the CPU every bucket
-is then built whole too, and its frozen graph replaces the regional one: compiled steps soon after start-up, the
-fastest ones later (docs/BENCHMARKS.md, "Compiling"). Freezing is set in inductor's config around the first call
-(passed as torch.compile(options=...) it never takes effect). On CUDA a step is built regionally with inductor's
-defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
+layers take their bias and activation: slower to build, and a copy of the weights, so only a bucket the template
+serves (DecodeStep.freezes) is then built whole too, its frozen graph replacing the regional one: compiled steps
+soon after start-up, the fastest ones later (docs/BENCHMARKS.md, "Compiling"). Freezing is set in inductor's config
+around the first call (passed as torch.compile(options=...) it never takes effect). On CUDA a step is built
+regionally with inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
 (server/execution/decoder/cuda_graphs.py).
 
 A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread

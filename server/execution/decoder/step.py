@@ -29,7 +29,7 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.execution.compiler import buckets, regional_copy
+from server.execution.compiler import buckets, regional_copy, template_serves
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.runner import StepOutput
@@ -244,9 +244,11 @@ class DecodeStep:
         return compile_order(self.row_buckets, max_rows)
 
     def freezes(self, rows: int) -> bool:
-        """Whether the bucket gets a whole frozen graph after its regional one: on the CPU, where it is faster
-        (server/execution/compiler.py)."""
-        return self.device.type == "cpu"
+        """Whether the bucket gets a whole frozen graph after its regional one: on the CPU where its products run in
+        inductor's C++ GEMM template (compiler.py, `template_serves`), which needs frozen weights and beats the
+        regional step. Above, both run the prepacked linear layers and the frozen graph was no faster, for a copy
+        of the weights and a long build (docs/BENCHMARKS.md, "Compiling")."""
+        return self.device.type == "cpu" and template_serves(self.matmul_rows(rows))
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row
