@@ -323,6 +323,8 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         cpu = ["PromptPass", "DecodeStep_1", "VerifyPass_1x4"] if gpt.runner.device.type == "cpu" else []
         assert list(built["tiny-gpt"]) == ["DecodeStep_1_regional", *cpu]
         assert all(isinstance(s, float) and s >= 0 for s in built["tiny-gpt"].values())  # a time for each build
+        states = client.get("/info").json()["compile_states"]  # and each pass's state, in build order
+        assert states["tiny-gpt"] == dict.fromkeys(built["tiny-gpt"], "built")
         assert client.post("/generate", json=body).status_code == 200
         filled = client.post("/fill-mask", json={"inputs": "The castle <mask> built", "variant": "softmax1"})
         assert filled.status_code == 200
