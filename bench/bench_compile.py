@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import server.execution.compiler  # noqa: E402
+import server.execution.compute_thread  # noqa: E402
 from bench.bench_families import SHAPES, shape_config  # noqa: E402
 from model_store.families import family_of  # noqa: E402
 from models.gpt import GPT  # noqa: E402
@@ -64,7 +65,9 @@ def main() -> None:
         idle = threading.Event()
         idle.set()
         with YieldToRequests(idle).gating():
-            step.compiled[args.rows] = server.execution.compiler.on_own_thread(compiler.build, args.rows, args.regional)
+            step.compiled[args.rows] = server.execution.compute_thread.on_own_thread(
+                compiler.build, args.rows, args.regional
+            )
     else:
         step.compiled[args.rows] = compiler.build(args.rows, regional=args.regional)
     compile_s = time.perf_counter() - t

@@ -33,7 +33,6 @@ CPU's frozen passes compile at every start, its regional ones come from the cach
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import hashlib
@@ -42,20 +41,19 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
-from server.execution.compute_thread import YieldToRequests
+from server.execution.compute_thread import on_own_thread, one_openmp_thread
 from server.execution.graph_call import GraphCapture, skipping_guards
 from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
-T = TypeVar("T")
 
 
 class Compilable(Protocol):
@@ -166,17 +164,6 @@ def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
 # ends with the bucket's build: libgomp frees a thread's team when the thread ends.
 
 
-@contextlib.contextmanager
-def one_openmp_thread() -> Iterator[None]:
-    """This thread's torch ops on one OpenMP thread (no team), its count set back after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Inductor as torch.compile's backend, its own torch ops (freezing's constant folding) on one OpenMP
     thread. Dynamo's guards record the thread count of the call around it, which the compute thread
@@ -185,28 +172,6 @@ def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) ->
 
     with one_openmp_thread():
         return compile_fx(graph, example_inputs)
-
-
-def on_own_thread(fn: Callable[..., T], *args: Hashable) -> T:
-    """fn(*args) on a new thread that ends with it, gated as the caller is (server/execution/compute_thread.py,
-    YieldToRequests: requests go first); its result, or its exception raised here."""
-    outcome: list = []
-    gate = YieldToRequests.of_this_thread()
-
-    def run() -> None:
-        with gate.gating() if gate is not None else contextlib.nullcontext():
-            try:
-                outcome.append((True, fn(*args)))
-            except BaseException as e:  # handed to the caller
-                outcome.append((False, e))
-
-    thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-build", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:

@@ -323,3 +323,37 @@ def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def one_openmp_thread() -> Iterator[None]:
+    """This thread's torch ops on one OpenMP thread (no team), its count set back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def on_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a new thread that ends with it, gated as the caller is (YieldToRequests: requests go first);
+    its result, or its exception raised here. The compiler builds on one: libgomp frees a thread's OpenMP team
+    when the thread ends (server/execution/compiler.py)."""
+    outcome: list = []
+    gate = YieldToRequests.of_this_thread()
+
+    def run() -> None:
+        with gate.gating() if gate is not None else contextlib.nullcontext():
+            try:
+                outcome.append((True, fn(*args)))
+            except BaseException as e:  # handed to the caller
+                outcome.append((False, e))
+
+    thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-build", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

@@ -83,10 +83,9 @@ class PromptPass:
 
     def real_inputs(self, bucket: None) -> tuple[torch.Tensor, ...]:
         """A real group's inputs (compiler.py's check): two prompts of the check's text, right-padded."""
-        text, lengths = self.step.check_ids, [EXAMPLE_TOKENS, EXAMPLE_TOKENS // 2 + 1]
+        lengths = [EXAMPLE_TOKENS, EXAMPLE_TOKENS // 2 + 1]
         B, T = len(lengths), max(lengths)
-        rows = [[text[(5 * row + j) % len(text)] for j in range(T)] for row in range(B)]
-        ids = torch.tensor(rows, device=self.device)
+        ids = torch.tensor([self.step.check_tokens(5 * row, T) for row in range(B)], device=self.device)
         positions = torch.arange(T, device=self.device).expand(B, T)
         last = torch.tensor(lengths, device=self.device) - 1
         cache = self.step.model.new_cache(B, columns=self.step.context + 1)

@@ -273,13 +273,17 @@ class DecodeStep:
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
         return tokens, positions, eos_bias, allowed, span, *full
 
+    def check_tokens(self, start: int, length: int) -> list[int]:
+        """`length` tokens of the check's text from `start` on (wrapping round)."""
+        return [self.check_ids[(start + j) % len(self.check_ids)] for j in range(length)]
+
     def prefilled(self, lengths: list[int]) -> tuple[StaticKVCache, torch.Tensor]:
         """A scratch cache shaped as the live one, one slot a prompt of the check's text of each length, filled by
         the eager prefill, and the token the model picks after each prompt (rows,)."""
         cache = self.model.new_cache(len(lengths), columns=self.context + 1)
-        forward, text, picked = forward_over(self.eager_model), self.check_ids, []
+        forward, picked = forward_over(self.eager_model), []
         for row, length in enumerate(lengths):
-            ids = torch.tensor([[text[(3 * row + j) % len(text)] for j in range(length)]], device=self.device)
+            ids = torch.tensor([self.check_tokens(3 * row, length)], device=self.device)
             positions = torch.arange(length, device=self.device).view(1, length)
             logits = forward(ids, positions, cache.view(1, length, start=row).tensors())  # (1, length, vocab)
             picked.append(logits[0, -1].argmax())

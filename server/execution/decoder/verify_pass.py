@@ -91,8 +91,7 @@ class VerifyPass:
         tokens of that text to check."""
         (length,) = check_lengths(1, self.step.context)
         cache, _ = self.step.prefilled([length])
-        text = self.step.check_ids
-        tokens = torch.tensor([[text[(length + j) % len(text)] for j in range(VERIFY_TOKENS)]], device=self.device)
+        tokens = torch.tensor([self.step.check_tokens(length, VERIFY_TOKENS)], device=self.device)
         positions = torch.arange(length, length + VERIFY_TOKENS, device=self.device).view(1, -1)
         _, columns = self.step.bucket(1, length + VERIFY_TOKENS)
         return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache.view(1, columns).tensors()
