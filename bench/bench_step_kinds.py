@@ -1,11 +1,12 @@
-"""One decode step of a checkpoint three ways: eager, regional and frozen, its time and what each build adds to
-resident memory.
+"""One decode step (or, with --prompts, the prompts' pass) of a checkpoint three ways: eager, regional and frozen,
+its time and what each build adds to resident memory.
 
-    .venv/bin/python bench/bench_step_kinds.py FOLDER [--dtype bfloat16] [--rows 1,8]
+    .venv/bin/python bench/bench_step_kinds.py FOLDER [--dtype bfloat16] [--rows 1,8] [--prompts]
 
-Each row count's step is built regionally and whole (frozen) as the server's compiler builds it (each checked on a
-real request's inputs), then run 32 times three times on those inputs (median ms per step); resident memory
-(VmRSS) is read after each build. Run it on an idle machine.
+Each row count's step (prefill group) is built regionally and whole (frozen) as the server's compiler builds it
+(each checked on a real request's inputs), then run 32 times (prefills: 5) three times on those inputs (median ms
+per call); resident memory (VmRSS) is read after each build. A prefill group is `rows` prompts of 89 tokens of
+English. Run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_store import load_gpt  # noqa: E402
 from server.execution.compiler import BackgroundCompiler, Pass  # noqa: E402
 from server.execution.decoder.runner import GPTRunner  # noqa: E402
+from server.execution.runner import right_padded  # noqa: E402
+
+PROMPT = "The history of the city begins in the early Middle Ages, when a small market grew up beside the river. " * 4
 
 
 def rss_mib() -> float:
@@ -34,31 +38,46 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rows", default="1,8")
+    parser.add_argument("--prompts", action="store_true", help="the prompts' pass (one graph for every group)")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     model, tokenizer = load_gpt(args.folder, dtype=getattr(torch, args.dtype))
-    step = GPTRunner(model, tokenizer, max(rows)).step
+    runner = GPTRunner(model, tokenizer, max(rows))
+    target, calls = (runner.prompts, 5) if args.prompts else (runner.step, 32)
     print(f"loaded: {rss_mib():.0f} MiB resident")
+    built_fns = {}
     for r in rows:
+        bucket = None if args.prompts else r
         for kind in ("eager", "regional", "frozen"):
             t = time.perf_counter()
             if kind == "eager":
-                fn = step.uncompiled
+                fn = target.uncompiled
+            elif (bucket, kind) in built_fns:  # the prompts' one graph, built for the first group
+                fn = built_fns[bucket, kind]
             else:
-                fn = BackgroundCompiler([Pass(step, r, kind == "regional")], None, "bench").build(r, kind == "regional")
+                compiler = BackgroundCompiler([Pass(target, bucket, kind == "regional")], None, "bench")
+                fn = built_fns[bucket, kind] = compiler.build(bucket, kind == "regional")
             built = time.perf_counter() - t
             with torch.inference_mode():
-                inputs = step.real_inputs(r)
-                for _ in range(5):
+                inputs = prefill_group(runner, tokenizer, r) if args.prompts else runner.step.real_inputs(r)
+                for _ in range(2):
                     fn(*inputs)
                 times = []
                 for _ in range(3):
                     t = time.perf_counter()
-                    for _ in range(32):
+                    for _ in range(calls):
                         fn(*inputs)
-                    times.append((time.perf_counter() - t) / 32 * 1e3)
-            took = f"{statistics.median(times):.2f} ms a step, built in {built:.0f} s"
+                    times.append((time.perf_counter() - t) / calls * 1e3)
+            took = f"{statistics.median(times):.2f} ms a call, built in {built:.0f} s"
             print(f"{r} rows, {kind}: {took}, {rss_mib():.0f} MiB")
+
+
+def prefill_group(runner: GPTRunner, tokenizer, rows: int) -> tuple[torch.Tensor, ...]:
+    """`rows` copies of PROMPT as the runner's prefill gives them to the pass (slots 0..rows-1, their rows whole)."""
+    prompt = tokenizer.encode(PROMPT)
+    prompt = getattr(prompt, "ids", prompt)
+    ids, positions, last = right_padded(list(range(rows)), [prompt] * rows, 0, runner.device)
+    return ids, positions, last, *runner.step.cache.view(rows, runner.step.context + 1).tensors()
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def prefill_both(served, compute, rows: int, blocks: int = 15) -> tuple[float, f
         return math.nan, math.nan
     prompt = served.tokenizer.encode(PROMPT)
     ids, positions, last = right_padded(list(range(rows)), [prompt] * rows, 0, served.runner.device)
-    cache = served.runner.step.cache.view(rows, ids.shape[1]).tensors()
+    cache = served.runner.step.cache.view(rows, served.runner.step.context + 1).tensors()
 
     def run() -> tuple[float, float]:
         times: dict[str, list[float]] = {"eager": [], "compiled": []}

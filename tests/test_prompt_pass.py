@@ -18,7 +18,7 @@ def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
     ids, positions, last = right_padded(slots, prompts, 0, runner.device)
     out = []
     for fn in (runner.prompts.uncompiled, runner.prompts.compiled[None]):
-        cache = runner.step.cache.view(len(prompts), ids.shape[1], start=slots[0])
+        cache = runner.step.cache.view(len(prompts), runner.step.context + 1, start=slots[0])
         for t in cache.tensors():
             t.zero_()
         logits = fn(ids, positions, last, *cache.tensors())
@@ -27,10 +27,11 @@ def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
 
 
 def with_prompt_pass(variant: str) -> GPTRunner:
-    """A 128-context GPT's runner of 4 slots, its prompts' pass built."""
+    """A 128-context GPT's runner of 4 slots, its prompts' pass built as the server builds it (regionally)."""
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant]), None, 4)
     with torch.inference_mode():
-        runner.prompts.compiled[None] = BackgroundCompiler.of(runner.prompts, [None], None, "test").build(None)
+        compiler = BackgroundCompiler([Pass(runner.prompts, None, True)], None, "test")
+        runner.prompts.compiled[None] = compiler.build(None, True)
     return runner
 
 
@@ -98,7 +99,7 @@ def test_regional_steps_build_first_the_prompt_pass_second_and_frozen_steps_last
     emulate_cpu(monkeypatch, features)
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8)
     step, prompts = runner.step, runner.prompts
-    regional = [Pass(step, 1, True), Pass(prompts, None), *(Pass(step, r, True) for r in (8, 2, 4))]
+    regional = [Pass(step, 1, True), Pass(prompts, None, True), *(Pass(step, r, True) for r in (8, 2, 4))]
     drafts = Pass(runner.verifier, VerifyPass.BUCKET)
     frozen = (1, 8, 2, 4) if features is AVX2 else (1, 2, 4)
     assert runner.compile_passes(8) == regional + [Pass(step, r) for r in frozen] + [drafts]

@@ -1,12 +1,13 @@
 """The prompts' pass (prefill) of the GPT over its static KV cache: eager, or one compiled graph for every shape.
 
 A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
-Both B and T are compiled dynamic, so one graph serves every group, on the CPU where inductor freezes the
-weights into prepacked linear layers that take any number of rows; one whole graph, not a regional one, whose
-dynamic sizes torch specialises (server/execution/compiler.py). Compiled, a prefill is faster than eager for
-one prompt and for a group (docs/BENCHMARKS.md, "AVX2 CPU": bench/profile_step.py). On CUDA the prompts stay
-eager: its graphs take the weights as inputs, so they run through dynamo, which specialises a dimension of size 1
-and would recompile for a lone prompt on the request path.
+Both B and T are compiled dynamic, so one graph serves every group. The pass takes the slots' cache rows whole
+and writes their first T columns (T the ids' length), as the decode step takes a span: every layer's cache then
+has the one dynamic size B, so the graph is built regionally (one block for all layers, over the eager model's
+prepacked layers: no copy of the weights, seconds to build, cached), or whole where a regional build fails.
+Compiled, a prefill is faster than eager for one prompt and for a group (docs/BENCHMARKS.md). On CUDA the prompts
+stay eager: its graphs run through dynamo, which specialises a dimension of size 1 and would recompile for a lone
+prompt on the request path.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from models.gpt import GPT
 from models.kv_cache import StaticKVCache
 from server.execution.decoder.step import DecodeStep, forward_over
 
-# (ids (B, T), positions (B, T), last (B,), *cache views (B, *, T, *)) -> next-token logits (B, vocab);
-# writes the prompts' keys and values into the views
+# (ids (B, T), positions (B, T), last (B,), *cache rows (B, *, context + 1, *)) -> next-token logits (B, vocab);
+# writes the prompts' keys and values into the rows' first T columns
 PromptFn = Callable[..., torch.Tensor]
 
 EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (sizes of 0 and 1 would specialise)
@@ -33,7 +34,8 @@ def prompt_pass(model: GPT) -> PromptFn:
 
     def prefill(ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
         """-> the logits after each row's last prompt token (B, vocab)."""
-        return forward(ids, positions, cache, logits_at=last)[:, 0]
+        columns = [t[:, :, : ids.shape[1]] for t in cache]  # (B, *, T, *)
+        return forward(ids, positions, columns, logits_at=last)[:, 0]
 
     return prefill
 
@@ -48,7 +50,8 @@ class PromptPass:
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.cache = step.cache
         self.vocab_size = step.vocab_size
-        self.traced = prompt_pass(step.model)  # what the compiler traces and checks against
+        self.traced = prompt_pass(step.model)  # what the compiler traces whole and checks against
+        self.regional = prompt_pass(step.regional_model)  # its blocks one region (compiler.py, regional_copy)
         self.uncompiled = prompt_pass(step.eager_model)  # the prepacked copy's (prepacked.py)
         # None -> the compiled pass: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
@@ -56,29 +59,27 @@ class PromptPass:
         self.compiled: dict[None, PromptFn] = {}
 
     def buckets(self) -> list[None]:
-        """The one graph to build, where it can be called without dynamo (the CPU's frozen graphs)."""
+        """The one graph to build, where it can be called without dynamo (the CPU's graphs)."""
         return [None] if self.device.type == "cpu" else []
 
     def matmul_rows(self, bucket: None) -> None:
         return None  # any: a dynamic dimension
 
     def example(self, bucket: None) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs strided as a live group's (right_padded's ids and positions, views of the cache's
+        """Scratch inputs strided as a live group's (right_padded's ids and positions, the cache's rows of its
         slots), their group and prompt sizes dynamic."""
         B, T = EXAMPLE_ROWS, EXAMPLE_TOKENS
         generator = torch.Generator(device=self.device).manual_seed(0)
         ids = torch.randint(self.vocab_size, (B, T), generator=generator, device=self.device)
         positions = torch.arange(T, device=self.device).expand(B, T)
         last = torch.tensor([T - 1, T // 2], device=self.device)
-        full = [torch.zeros((B, *t.shape[1:]), dtype=t.dtype, device=self.device) for t in self.cache.tensors()]
-        cache = [t[:, :, :T] for t in full]
+        cache = [torch.zeros((B, *t.shape[1:]), dtype=t.dtype, device=self.device) for t in self.cache.tensors()]
         for t in (ids, positions):
             torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(t, 1)
         torch._dynamo.mark_dynamic(last, 0)
         for t in cache:
             torch._dynamo.mark_dynamic(t, 0)
-            torch._dynamo.mark_dynamic(t, 2)
         return ids, positions, last, *cache
 
     def real_inputs(self, bucket: None) -> tuple[torch.Tensor, ...]:
@@ -89,7 +90,7 @@ class PromptPass:
         positions = torch.arange(T, device=self.device).expand(B, T)
         last = torch.tensor(lengths, device=self.device) - 1
         cache = self.step.model.new_cache(B, columns=self.step.context + 1)
-        return ids, positions, last, *cache.view(B, T).tensors()
+        return ids, positions, last, *cache.tensors()
 
     def logits(self, output: torch.Tensor) -> torch.Tensor:
         return output
@@ -97,8 +98,8 @@ class PromptPass:
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: StaticKVCache
     ) -> torch.Tensor:
-        """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written into `cache`
-        (views of their slots, T columns). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
+        """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written into the first
+        T columns of `cache` (their slots' rows). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
         compiled = self.compiled.get(None)
         fn = compiled if compiled is not None and ids.shape[1] > 1 else self.uncompiled
         return fn(ids, positions, last, *cache.tensors())

@@ -67,7 +67,7 @@ class GPTRunner:
         if self.model.config.masking != "causal" and len(prompts) > 1:
             return torch.cat([self.prefill([slot], [p]) for slot, p in zip(slots, prompts, strict=True)])
         ids, positions, last = right_padded(slots, prompts, self.facts.eos_id, self.device)
-        cache = self.step.cache.view(len(prompts), ids.shape[1], start=slots[0])
+        cache = self.step.cache.view(len(prompts), self.step.context + 1, start=slots[0])
         return self.prompts(ids, positions, last, cache).float().cpu()  # (B, V)
 
     def decode(
@@ -94,7 +94,7 @@ class GPTRunner:
         faster (the CPU's: server/execution/compiler.py), then the draft check (a lone request's speed-up, last)."""
         rows = self.step.compile_order(max_rows)
         regional = [Pass(self.step, r, regional=True) for r in rows]
-        prompts = [Pass(self.prompts, bucket) for bucket in self.prompts.buckets()]
+        prompts = [Pass(self.prompts, bucket, regional=True) for bucket in self.prompts.buckets()]
         frozen = [Pass(self.step, r) for r in rows if self.step.freezes(r)]
         drafts = [Pass(self.verifier, bucket) for bucket in self.verifier.buckets()]
         return regional[:1] + prompts + regional[1:] + frozen + drafts
