@@ -23,9 +23,11 @@ serve: install
 complete: install
 	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
 
+# A worker a core, each test file on one worker (its module fixtures built once); tests/conftest.py gives each
+# worker its share of the cores' threads.
 test: install browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 # The inner loop: the suite less its slow, browser, compile and GPU tests (docs/ARCHITECTURE.md, "Tests").
 quick: install

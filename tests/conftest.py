@@ -26,6 +26,14 @@ os.environ.setdefault("TINYSERVE_DTYPE", "float32")
 os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
 os.environ.setdefault("TINYSERVE_READY_AFTER", "all")
 
+# Under pytest-xdist (`make test`: a worker a core) each worker, and the servers it starts, compute on its share of
+# the cores: two workers of two OpenMP threads on two cores had every op wait for a descheduled thread (a test
+# decoding the shipped GPT ran 6x slower)
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    threads = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
+
 # A test of a kernel this CPU lacks is skipped with the reason; its branch of the code is still tested
 # on every CPU, by monkeypatching models.cpu.cpu_features (`emulate_cpu`).
 needs_onednn_bf16 = pytest.mark.skipif(
