@@ -117,7 +117,7 @@ def test_ready_after_compiled_waits_for_every_compiled_step(store, monkeypatch):
     # the one-row step (regional), the prompts' pass (bucket None), the two-row step (regional); then frozen steps,
     # then the draft check (the CPU's plan; CUDA builds the regional steps alone)
     if app.state.registry.get("tiny-gpt").runner.step.device.type == "cpu":
-        assert built == [(1, True), (None, False), (2, True), (1, False), (2, False), (VerifyPass.BUCKET, False)]
+        assert built == [(1, True), (None, True), (2, True), (1, False), (2, False), (VerifyPass.BUCKET, False)]
     else:
         assert built == [(1, True), (2, True)]
     assert health[0].status_code == 200 and health[0].json()["compiling"] == []

@@ -62,6 +62,11 @@ def test_missing_corpus_file_is_a_clear_error(tmp_path):
 def test_hf_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # the hub reads the variable once, at import (transformers imported it earlier in the session): without this
+    # the call went to the network and waited out its retries (23 s)
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataSourceError, match="Salesforce/wikitext:wikitext-2-raw-v1"):
         read_split("Salesforce/wikitext:wikitext-2-raw-v1", "train")
 
