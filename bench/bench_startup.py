@@ -1,14 +1,16 @@
 """A newcomer's `make serve`: time to /health 200, completions while the server compiles, compile time, memory.
 
-    .venv/bin/python bench/bench_startup.py [--models gpt-wikitext2,...] [--max-s 900] [--cache-dir DIR]
+    .venv/bin/python bench/bench_startup.py [--store DIR] [--models gpt-wikitext2,...] [--max-s 900] [--cache-dir DIR]
 
-Starts `python -m server` over the shipped store (every checkpoint unless --models) with an empty
-compile cache and inductor cache (fresh temporary folders, or --cache-dir to time a warm one), then
+Starts `python -m server` over the shipped store (or --store; every checkpoint unless --models) with an empty
+compile cache and inductor cache (fresh temporary folders; or both in --cache-dir: empty the first time, a warm
+start the next), then
 sends one 64-token greedy completion to the default model every --every seconds, one at a time,
 until /health lists nothing loading or compiling (or --max-s). Reports /health's time, when every
 model had loaded, the completions' latency while compiling and after, when compiling ended, what the
-server logged per compiled pass, and the server's resident memory when ready and when done. Run it
-on an idle machine: compiling is CPU work.
+server logged per compiled pass, and the resident memory of the server's process and its children (inductor's
+compile workers) when ready and when done, and the most the server's process held (VmHWM). Run it on an idle
+machine: compiling is CPU work.
 """
 
 from __future__ import annotations
@@ -32,16 +34,24 @@ PROMPT = "The castle was built in the early years of the"
 BODY = {"inputs": PROMPT, "parameters": {"max_new_tokens": 64, "eos_bias": -1e9}}  # exactly 64 tokens
 
 
-def rss_mib(pid: int) -> float:
-    """The process's resident memory (VmRSS) in MiB."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory (VmRSS; VmHWM: its peak) in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
+def group_rss_mib(pid: int) -> float:
+    """VmRSS of the process and of its children, grandchildren included (inductor's compile workers)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return rss_mib(pid) + sum(group_rss_mib(k) for k in kids if Path(f"/proc/{k}").exists())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=Path, default=STORE_ROOT, help="the model store to serve")
     parser.add_argument("--models", default=None, help="comma-separated model ids (default: the whole store)")
     parser.add_argument("--max-s", type=float, default=900, help="stop timing after this many seconds")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between completions while compiling")
@@ -54,12 +64,12 @@ def main() -> None:
         settings["models"] = "[" + ",".join(f'"{m}"' for m in args.models.split(",")) + "]"
     with tempfile.TemporaryDirectory() as fresh:
         settings["compile_cache_dir"] = args.cache_dir or fresh
-        if not args.cache_dir:  # inductor's own cache (C++ kernels by source hash) is machine-wide: a fresh one too
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(fresh) / "inductor")
+        # inductor's own cache (C++ kernels by source hash) is machine-wide: its own, fresh or beside the compile cache
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache_dir or fresh) / "inductor")
         t0 = time.monotonic()
-        with http_server(STORE_ROOT, **settings) as (base, proc), httpx.Client(timeout=120) as client:
+        with http_server(args.store, **settings) as (base, proc), httpx.Client(timeout=120) as client:
             health_s = time.monotonic() - t0
-            rss_ready = rss_mib(proc.pid)
+            rss_ready = group_rss_mib(proc.pid)
             during: list[tuple[float, float]] = []  # (seconds since start, latency)
             compiled_s = loaded_s = None
             while time.monotonic() - t0 < args.max_s:
@@ -78,7 +88,7 @@ def main() -> None:
                 t = time.monotonic()
                 client.post(f"{base}/generate", json=BODY).raise_for_status()
                 after.append(time.monotonic() - t)
-            rss_done = rss_mib(proc.pid)
+            rss_done, rss_peak = group_rss_mib(proc.pid), rss_mib(proc.pid, "VmHWM")
             models = client.get(f"{base}/health").json()["models"]
             log = server_output(proc)
 
@@ -110,7 +120,8 @@ def main() -> None:
     done = f"{compiled_s:.0f} s" if compiled_s is not None else f"not within {args.max_s:.0f} s"
     print(f"| compiling ended after | {done} |")
     print(f"| 64-token completion after compiling (median of 5) | {statistics.median(after):.2f} s |")
-    print(f"| resident memory: ready / after compiling | {rss_ready:.0f} / {rss_done:.0f} MiB |")
+    print(f"| resident memory (process and children): ready / after compiling | {rss_ready:.0f} / {rss_done:.0f} MiB |")
+    print(f"| the server process's peak (VmHWM) | {rss_peak:.0f} MiB |")
 
 
 if __name__ == "__main__":
