@@ -34,6 +34,7 @@ SERVER_LAYERS = [
 FOLDER_LAYERS = {
     "execution": [
         {"graph_call", "compute_thread", "step_check"},
+        {"packaged"},
         {"compiler"},
         {"runner", "encoder_step"},
         {"decoder", "hf_causal"},

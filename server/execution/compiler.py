@@ -25,10 +25,10 @@ A bucket's pass is compiled on a background thread (at the lowest CPU priority, 
 has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked on a real
 request's inputs against the traced function run eagerly (server/execution/step_check.py) before the engine may use
 it: a failure or a mismatch logs a line, shows in `states()`, and leaves the bucket as it was. The engine then
-calls the built graph itself, not through dynamo (server/execution/graph_call.py). Inductor's artifacts are saved
-per checkpoint, dtype, device, weights' form, pass and torch version (torch.compiler.save_cache_artifacts), so a
-restarted server builds from its cache. A frozen CPU graph holds oneDNN tensors, which inductor does not pickle: the
-CPU's frozen passes compile at every start, its regional ones come from the cache (docs/BENCHMARKS.md, "Compiling").
+calls the built graph itself, not through dynamo (server/execution/graph_call.py). What is built is kept per
+checkpoint, dtype, device, weights' form, pass and torch version: inductor's artifacts (save_cache_artifacts), or,
+for a whole CPU pass of a target that exports (the decode step's frozen buckets, whose oneDNN constants inductor
+cannot pickle), an AOTInductor package (server/execution/packaged.py); a restart loads them (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
-from server.execution.compute_thread import on_own_thread, one_openmp_thread
+from server.execution.compute_thread import inductor_on_one_thread, on_own_thread, one_openmp_thread
 from server.execution.graph_call import GraphCapture, skipping_guards
+from server.execution.packaged import load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
@@ -153,25 +154,6 @@ def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
     """What a step returns, element by element: (dtype, shape), or the value of what is not a tensor."""
     outputs = output if isinstance(output, tuple) else (output,)
     return [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in outputs]
-
-
-# The compiler must not give the process a second OpenMP team while requests run. libgomp lets a team's
-# idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
-# compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
-# thread's worker fell asleep between two ops and every op paid its wake-up, which slowed the eager decode
-# step while the server compiled (docs/BENCHMARKS.md, "Why these paths"). So inductor compiles on one
-# thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
-# ends with the bucket's build: libgomp frees a thread's team when the thread ends.
-
-
-def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """Inductor as torch.compile's backend, its own torch ops (freezing's constant folding) on one OpenMP
-    thread. Dynamo's guards record the thread count of the call around it, which the compute thread
-    matches: the count is set back before dynamo sees it."""
-    from torch._inductor.compile_fx import compile_fx
-
-    with one_openmp_thread():
-        return compile_fx(graph, example_inputs)
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:
@@ -301,14 +283,45 @@ class BackgroundCompiler:
             name += "_" + ("x".join(map(str, bucket)) if isinstance(bucket, tuple) else str(bucket))
         return name + "_regional" if regional else name
 
+    def packages(self, bucket: Hashable, regional: bool = False) -> bool:
+        """Whether the pass is kept as an AOTInductor package (packaged.py): a whole CPU pass of a target that
+        says how to export it, with a cache to keep it in."""
+        target = self.targets[bucket]
+        exportable = hasattr(target, "exported") and target.device.type == "cpu"
+        return not regional and exportable and self.cache_dir is not None
+
     def artifact(self, bucket: Hashable, regional: bool = False) -> Path | None:
-        return self.cache_dir / f"{self.label(bucket, regional)}.bin" if self.cache_dir is not None else None
+        """Where the pass's build is kept: its AOTInductor package, or inductor's artifacts."""
+        if self.cache_dir is None:
+            return None
+        suffix = ".pt2" if self.packages(bucket, regional) else ".bin"
+        return self.cache_dir / f"{self.label(bucket, regional)}{suffix}"
 
     @torch.inference_mode()
     def build(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
-        """Compile one bucket, checked against the eager function, its compiler artifacts saved for the next
+        """Compile one bucket, checked against the eager function, what was built kept for the next start."""
+        if self.packages(bucket, regional):
+            return self.packaged(bucket)
+        return self.compiled_here(bucket, regional, self.artifact(bucket, regional))
+
+    def packaged(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
+        """The whole pass from its package in the cache, packaged first where there is none; checked. A pass that
+        does not export or package is compiled in this process instead (and not kept)."""
+        target, path = self.targets[bucket], self.artifact(bucket)
+        try:
+            if not path.exists():
+                settings = inductor_settings(target.device, target.matmul_rows(bucket))
+                package(target, bucket, path, {**settings, "cpp.threads": self.threads})
+            compiled = load(path)
+        except Exception as e:  # an OSError: e.g. a read-only cache
+            why = "could not cache" if isinstance(e, OSError) else "could not package"
+            log.warning("%s %s (%s); compiled in this process", why, path, e)
+            return self.compiled_here(bucket, False, None)
+        return self.matching(bucket, target.traced, compiled)
+
+    def compiled_here(self, bucket: Hashable, regional: bool, saved: Path | None) -> Callable[..., torch.Tensor]:
+        """The bucket compiled in this process, checked, its compiler artifacts saved to `saved` for the next
         start: this build's alone (the record is per process: each file held every earlier build's too)."""
-        saved = self.artifact(bucket, regional)
         with CacheArtifactManager.with_fresh_cache():
             if saved is not None and saved.exists():
                 torch.compiler.load_cache_artifacts(saved.read_bytes())

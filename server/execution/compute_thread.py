@@ -325,6 +325,15 @@ def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str 
     return thread
 
 
+# The compiler must not give the process a second OpenMP team while requests run. libgomp lets a team's
+# idle workers spin only while the process has no more OpenMP threads than CPUs; with a second team (the
+# compiling thread's, from freezing's constant folding) it spins them 100 iterations, so the compute
+# thread's worker fell asleep between two ops and every op paid its wake-up, which slowed the eager decode
+# step while the server compiled (docs/BENCHMARKS.md, "Why these paths"). So inductor compiles on one
+# thread, and what runs the compiled step (its first call, the check against eager) runs on a thread that
+# ends with the bucket's build: libgomp frees a thread's team when the thread ends.
+
+
 @contextlib.contextmanager
 def one_openmp_thread() -> Iterator[None]:
     """This thread's torch ops on one OpenMP thread (no team), its count set back after."""
@@ -334,6 +343,16 @@ def one_openmp_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def inductor_on_one_thread(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Inductor as torch.compile's backend, its own torch ops (freezing's constant folding) on one OpenMP
+    thread. Dynamo's guards record the thread count of the call around it, which the compute thread
+    matches: the count is set back before dynamo sees it."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with one_openmp_thread():
+        return compile_fx(graph, example_inputs)
 
 
 def on_own_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -175,6 +175,17 @@ def check_lengths(rows: int, context: int) -> list[int]:
     return [min(8 + 7 * i % 17, context // 2) for i in range(rows)]
 
 
+class WholeStep(torch.nn.Module):
+    """The step function as a module whose parameters are the model's (what torch.export freezes)."""
+
+    def __init__(self, model: GPT, step: StepFn) -> None:
+        super().__init__()
+        self.model, self.step = model, step
+
+    def forward(self, tokens, positions, eos_bias, allowed, span, *cache) -> tuple[torch.Tensor, ...]:
+        return self.step(tokens, positions, eos_bias, allowed, span, *cache)
+
+
 class DecodeStep:
     def __init__(self, model: GPT, max_rows: int, check_ids: list[int] | None = None) -> None:
         """check_ids: the check's text's tokens (CHECK_TEXT, by the checkpoint's tokenizer); without a tokenizer,
@@ -272,6 +283,14 @@ class DecodeStep:
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
         return tokens, positions, eos_bias, allowed, span, *full
+
+    def exported(self, rows: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], tuple]:
+        """The whole step as torch.export takes it (server/execution/packaged.py): a module owning the plain
+        model, scratch inputs, and their one dynamic size (the span's columns)."""
+        example = self.example(rows)
+        columns = torch.export.Dim("columns", min=COLUMN_STEP, max=self.compiled_columns)
+        span = {0: columns} if self.compiled_columns > COLUMN_STEP else None
+        return WholeStep(self.model, self.traced), example, (None, None, None, None, span, (None,) * len(example[5:]))
 
     def check_tokens(self, start: int, length: int) -> list[int]:
         """`length` tokens of the check's text from `start` on (wrapping round)."""

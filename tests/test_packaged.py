@@ -1,0 +1,54 @@
+"""A frozen CPU decode step kept as an AOTInductor package: built once, loaded at the next start, the eager tokens."""
+
+import pytest
+import torch
+
+from models.sampling import SamplingParams
+from server.execution import packaged
+from server.execution.compiler import BackgroundCompiler, Pass
+from tests.conftest import tiny_gpt
+from tests.test_compiled_step import GREEDY, started
+
+pytestmark = [pytest.mark.compile, pytest.mark.slow]
+
+
+def test_a_frozen_step_is_packaged_once_and_loaded_at_the_next_start(tmp_path, monkeypatch):
+    model = tiny_gpt(vocab_size=97, context_length=128)
+    prompt = [5, 17, 3, 42, 8, 11, 2, 9]
+    eager, compiled = started(model), started(model)
+    try:
+        want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
+        step = compiled.runner.step
+        first = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
+        first.run()
+        assert first.states() == {"DecodeStep_1": "built"}
+        assert first.artifact(1).name == "DecodeStep_1.pt2" and first.artifact(1).stat().st_size > 0
+
+        def no_export(*args, **kwargs):
+            raise AssertionError("exported again: the package was not loaded")
+
+        monkeypatch.setattr(torch.export, "export", no_export)  # a restart: a new compiler over the same cache
+        again = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
+        step.compiled[1] = again.build(1)
+        assert not isinstance(step.compiled[1], torch.nn.Module)  # the package's runner, not the model
+        got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
+    finally:
+        eager.stop()
+        compiled.stop()
+    assert len(got) == 64 and got == want
+
+
+def test_a_pass_that_does_not_package_is_compiled_in_process_and_not_kept(tmp_path, monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("no export")
+
+    monkeypatch.setattr(packaged.torch.export, "export", fails)
+    engine = started(tiny_gpt(vocab_size=97, context_length=64))
+    try:
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+        compiler = BackgroundCompiler([Pass(engine.runner.step, 1)], tmp_path, "key", name="tiny")
+        compiler.run()
+    finally:
+        engine.stop()
+    assert compiler.states() == {"DecodeStep_1": "built"}
+    assert not compiler.artifact(1).exists()
