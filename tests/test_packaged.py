@@ -6,6 +6,8 @@ import torch
 from models.sampling import SamplingParams
 from server.execution import packaged
 from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.verify_pass import VerifyPass
 from tests.conftest import tiny_gpt
 from tests.test_compiled_step import GREEDY, started
 
@@ -28,7 +30,8 @@ def test_a_frozen_step_is_packaged_once_and_loaded_at_the_next_start(tmp_path, m
             raise AssertionError("exported again: the package was not loaded")
 
         monkeypatch.setattr(torch.export, "export", no_export)  # a restart: a new compiler over the same cache
-        again = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
+        again = BackgroundCompiler([Pass(step, 1, regional=True), Pass(step, 1)], tmp_path, "key", name="tiny")
+        assert again.passes == [Pass(step, 1)]  # the package loads quicker than the regional graph would build
         step.compiled[1] = again.build(1)
         assert not isinstance(step.compiled[1], torch.nn.Module)  # the package's runner, not the model
         got = [e.id for e in compiled.generate(prompt, GREEDY)[0]]
@@ -52,3 +55,13 @@ def test_a_pass_that_does_not_package_is_compiled_in_process_and_not_kept(tmp_pa
         engine.stop()
     assert compiler.states() == {"DecodeStep_1": "built"}
     assert not compiler.artifact(1).exists()
+
+
+def test_the_draft_check_is_packaged_too(tmp_path):
+    """Its graph is frozen (the C++ GEMM template's rows), so it is kept as a package, checked against eager on
+    a real request's inputs like every pass."""
+    runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128), None, 2)
+    compiler = BackgroundCompiler([Pass(runner.verifier, VerifyPass.BUCKET)], tmp_path, "key", name="tiny")
+    compiler.run()
+    assert compiler.states() == {"VerifyPass_1x4": "built"}
+    assert compiler.artifact(VerifyPass.BUCKET).suffix == ".pt2" and compiler.artifact(VerifyPass.BUCKET).exists()

@@ -20,10 +20,21 @@ from server.execution.compute_thread import one_openmp_thread
 
 
 class Exportable(Protocol):
-    def exported(self, bucket: Hashable) -> tuple[torch.nn.Module, tuple, tuple]:
-        """(a module that owns the weights and runs the traced function, its scratch inputs, their dynamic sizes as
-        torch.export.export takes them)."""
+    def exported(self, bucket: Hashable) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
+        """(the traced function over its model, scratch inputs, each input's dynamic sizes as torch.export takes
+        them: None, or {dimension: torch.export.Dim})."""
         ...
+
+
+class WholePass(torch.nn.Module):
+    """A pass's function as a module whose parameters are its model's (what the export freezes)."""
+
+    def __init__(self, model: torch.nn.Module, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.fn(*inputs)
 
 
 def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) -> None:
@@ -33,7 +44,7 @@ def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
         module, args, shapes = target.exported(bucket)
-        program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
         torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=settings)
     partial.replace(path)
 

@@ -32,6 +32,7 @@ from models.sampling import greedy_choice
 from server.execution.compiler import buckets, regional_copy, template_serves
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
+from server.execution.packaged import WholePass
 from server.execution.runner import StepOutput
 
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, span (S,), *cache tensors (b, *, context
@@ -175,17 +176,6 @@ def check_lengths(rows: int, context: int) -> list[int]:
     return [min(8 + 7 * i % 17, context // 2) for i in range(rows)]
 
 
-class WholeStep(torch.nn.Module):
-    """The step function as a module whose parameters are the model's (what torch.export freezes)."""
-
-    def __init__(self, model: GPT, step: StepFn) -> None:
-        super().__init__()
-        self.model, self.step = model, step
-
-    def forward(self, tokens, positions, eos_bias, allowed, span, *cache) -> tuple[torch.Tensor, ...]:
-        return self.step(tokens, positions, eos_bias, allowed, span, *cache)
-
-
 class DecodeStep:
     def __init__(self, model: GPT, max_rows: int, check_ids: list[int] | None = None) -> None:
         """check_ids: the check's text's tokens (CHECK_TEXT, by the checkpoint's tokenizer); without a tokenizer,
@@ -284,13 +274,13 @@ class DecodeStep:
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
         return tokens, positions, eos_bias, allowed, span, *full
 
-    def exported(self, rows: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], tuple]:
-        """The whole step as torch.export takes it (server/execution/packaged.py): a module owning the plain
-        model, scratch inputs, and their one dynamic size (the span's columns)."""
+    def exported(self, rows: int) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
+        """The whole step as torch.export takes it (server/execution/packaged.py): over the plain model, on
+        scratch inputs, its one dynamic size the span's columns."""
         example = self.example(rows)
         columns = torch.export.Dim("columns", min=COLUMN_STEP, max=self.compiled_columns)
         span = {0: columns} if self.compiled_columns > COLUMN_STEP else None
-        return WholeStep(self.model, self.traced), example, (None, None, None, None, span, (None,) * len(example[5:]))
+        return WholePass(self.model, self.traced), example, (None, None, None, None, span, *[None] * len(example[5:]))
 
     def check_tokens(self, start: int, length: int) -> list[int]:
         """`length` tokens of the check's text from `start` on (wrapping round)."""

@@ -20,6 +20,7 @@ import torch
 from models.gpt import GPT
 from models.sampling import greedy_choice
 from server.execution.decoder.step import COLUMN_STEP, DecodeStep, check_lengths, forward_over
+from server.execution.packaged import WholePass
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
 
@@ -85,6 +86,13 @@ class VerifyPass:
         tokens = torch.randint(self.step.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
         positions = torch.arange(VERIFY_TOKENS, device=self.device).view(1, -1) + columns // 2
         return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache
+
+    def exported(self, bucket: tuple[int, int]) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
+        """The whole pass as torch.export takes it (server/execution/packaged.py): over the plain model, on
+        scratch inputs, its one dynamic size the cache views' columns."""
+        example = self.example(bucket)
+        columns = torch.export.Dim("columns", min=COLUMN_STEP, max=self.step.compiled_columns)
+        return WholePass(self.step.model, self.traced), example, (None, None, None, *[{2: columns}] * len(example[3:]))
 
     def real_inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """A real draft check's inputs (compiler.py's check): a prompt of the check's text in slot 0, its next
