@@ -270,6 +270,14 @@ def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, 
     assert compiler.artifact(1).parent.name == cache_key(a, torch.float32, cpu)
 
 
+def test_the_cache_key_names_the_kv_caches_shape(tmp_path, tiny_tokenizer):
+    """A package's strides are those of the cache it was built for: another KV budget or batch size is another key."""
+    write_checkpoint(tmp_path, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
+    cpu = torch.device("cpu")
+    keys = {cache_key(tmp_path, torch.float32, cpu, "native", shape) for shape in [(8, 512), (8, 1024), (4, 512)]}
+    assert len(keys) == 3 and cache_key(tmp_path, torch.float32, cpu) not in keys
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", ["softmax0", "softmax1"])
 def test_compiled_encoder_fills_masks_as_eager(store, variant):

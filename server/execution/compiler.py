@@ -83,16 +83,18 @@ class Compilable(Protocol):
         ...
 
 
-def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights: str = "native") -> str:
+def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights="native", cache_shape=()) -> str:
     """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights'
-    form (native or int8), torch version, and on the CPU what it computes natively (models/cpu.py): a cache
+    form (native or int8), the KV cache's (slots, positions), torch version, and on the CPU what it computes
+    natively (models/cpu.py): a cache
     on a volume shared by machines of two CPU classes must not hand one the other's graphs (inductor's own
     cache, shared by an AVX2-emulated and a native process, aborted the native one in a graph's first run)."""
     manifest = json.loads((folder / "manifest.json").read_text())["files"]
     files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
     form = [] if weights == "native" else [weights]
     capability = [cpu.cpu_features().as_dict()] if device.type == "cpu" else []
-    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form, *capability], sort_keys=True)
+    shape = [list(cache_shape)] if cache_shape else []
+    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form, *capability, *shape], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -249,7 +249,10 @@ class ModelRegistry:
                 continue
             cache_dir = s.compile_cache_dir.expanduser() if s.compile_cache_dir is not None else None
             p = next(m.model.parameters())
-            key = cache_key(m.folder, p.dtype, p.device, s.weights if m.runner is not None else "native")
+            key = cache_key(m.folder, p.dtype, p.device)
+            if m.runner is not None:  # its weights' form and KV cache's shape (a package's strides are fixed)
+                facts = m.runner.facts
+                key = cache_key(m.folder, p.dtype, p.device, s.weights, (facts.slots, facts.context_length))
             m.compiler = BackgroundCompiler(passes, cache_dir, key, self.compute.call(torch.get_num_threads), m.id)
             compilers.append(m.compiler)
         return compilers
