@@ -27,8 +27,8 @@ request's inputs against the traced function run eagerly (server/execution/step_
 it: a failure or a mismatch logs a line, shows in `states()`, and leaves the bucket as it was. The engine then
 calls the built graph itself, not through dynamo (server/execution/graph_call.py). What is built is kept per
 checkpoint, dtype, device, weights' form, pass and torch version: inductor's artifacts (save_cache_artifacts), or,
-for a whole CPU pass of a target that exports (the decode step's frozen buckets, whose oneDNN constants inductor
-cannot pickle), an AOTInductor package (server/execution/packaged.py); a restart loads them (docs/BENCHMARKS.md).
+for a whole CPU pass of a target that exports (the decode step's frozen buckets and the draft check: inductor
+cannot pickle their oneDNN constants), an AOTInductor package (server/execution/packaged.py); a restart loads them.
 """
 
 from __future__ import annotations
