@@ -209,7 +209,8 @@ class BackgroundCompiler:
         self.cache_dir = cache_dir / key if cache_dir is not None else None
         # a bucket whose whole pass is packaged in the cache loads it in about a second: its regional graph, which
         # would come from inductor's cache in several, is not built
-        self.passes = [p for p in self.passes if not (p.regional and self.packaged_already(p.bucket))]
+        on_disk = {p.bucket for p in self.passes if self.packages(*p[1:]) and self.artifact(p.bucket).exists()}
+        self.passes = [p for p in self.passes if not (p.regional and p.bucket in on_disk)]
         self.failed: dict[str, str] = {}  # pass label -> why it was not built
         self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
         self.building: str | None = None  # the pass label being built
@@ -294,10 +295,6 @@ class BackgroundCompiler:
         target = self.targets[bucket]
         exportable = hasattr(target, "exported") and target.device.type == "cpu"
         return not regional and exportable and self.cache_dir is not None
-
-    def packaged_already(self, bucket: Hashable) -> bool:
-        whole = Pass(self.targets[bucket], bucket) in self.passes
-        return whole and self.packages(bucket) and self.artifact(bucket).exists()
 
     def artifact(self, bucket: Hashable, regional: bool = False) -> Path | None:
         """Where the pass's build is kept: its AOTInductor package, or inductor's artifacts."""
