@@ -65,3 +65,22 @@ def test_the_draft_check_is_packaged_too(tmp_path):
     compiler.run()
     assert compiler.states() == {"VerifyPass_1x4": "built"}
     assert compiler.artifact(VerifyPass.BUCKET).suffix == ".pt2" and compiler.artifact(VerifyPass.BUCKET).exists()
+
+
+def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path):
+    """The C++ GEMM template packs a weight alike for each row count it serves: the second bucket's package and the
+    draft check's bind the first's packed weights, and its norms and embedding are the model's own tensors. (A
+    GELU model's packages keep their constants in their .so: torch names two of them alike, the packaged-once
+    test above.)"""
+    model = tiny_gpt(vocab_size=97, context_length=128, norm="rmsnorm", bias=False, mlp="swiglu", positions="rope")
+    runner = GPTRunner(model, None, 2)
+    own = packaged.SharedConstants()
+    own.add([*model.parameters(), *model.buffers()])
+    passes = [Pass(runner.step, 1), Pass(runner.verifier, VerifyPass.BUCKET), Pass(runner.step, 2)]
+    compiler = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
+    kept = []  # distinct tensors the packages bind, after each
+    for target, bucket, _ in passes:
+        target.compiled[bucket] = compiler.build(bucket)
+        kept.append(len(compiler.constants))
+    assert kept[0] > len(own) and kept == [kept[0]] * 3, (len(own), kept)
+    assert all(compiler.artifact(bucket).exists() for _, bucket, _ in passes)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import gc
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -51,7 +52,7 @@ from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one 
 from models import cpu
 from server.execution.compute_thread import inductor_on_one_thread, on_own_thread, one_openmp_thread
 from server.execution.graph_call import GraphCapture, skipping_guards
-from server.execution.packaged import load, package
+from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
@@ -211,6 +212,7 @@ class BackgroundCompiler:
         # would come from inductor's cache in several, is not built
         on_disk = {p.bucket for p in self.passes if self.packages(*p[1:]) and self.artifact(p.bucket).exists()}
         self.passes = [p for p in self.passes if not (p.regional and p.bucket in on_disk)]
+        self.constants = SharedConstants()  # what the model's packages bind: one packed copy of its weights
         self.failed: dict[str, str] = {}  # pass label -> why it was not built
         self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
         self.building: str | None = None  # the pass label being built
@@ -318,7 +320,8 @@ class BackgroundCompiler:
             if not path.exists():
                 settings = inductor_settings(target.device, target.matmul_rows(bucket))
                 package(target, bucket, path, {**settings, "cpp.threads": self.threads})
-            compiled = load(path)
+            self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
+            compiled = load(path, self.constants)
         except Exception as e:  # an OSError: e.g. a read-only cache
             why = "could not cache" if isinstance(e, OSError) else "could not package"
             log.warning("%s %s (%s); compiled in this process", why, path, e)

@@ -1,16 +1,21 @@
-"""A whole CPU pass kept as an AOTInductor package in the compile cache, so a restart loads it in seconds.
+"""A whole CPU pass kept as an AOTInductor package in the compile cache, so a restart loads it in about a second.
 
 Inductor's own cache cannot hold a frozen graph (its oneDNN constants do not pickle: torch/_inductor/codecache.py,
 "mkldnn tensors unpickleable"), nor can `aot_compile` (freezing has no serializable compiler), so the frozen
-buckets were built again at every start (70-90 s each for a 135M model). An AOTInductor package holds the frozen,
-packed weights in its shared library: loading it is a dlopen and one copy of them (docs/BENCHMARKS.md,
-"Real checkpoints"). The server's compiler (compiler.py) packages a target's whole pass where the target says how
-to export it (`exported`) and a cache folder is set; without one it compiles in its own process, as before.
-"""
+buckets were built again at every start (70-90 s each for a 135M model). A package holds the compiled graph; its
+constants (the frozen, packed weights) are kept beside it in the archive, not in its shared library, and loaded as
+tensors the caller manages: every package of a model then binds one tensor per distinct constant
+(`SharedConstants`). The C++ GEMM template packs a weight alike for every row count it serves, so a model's frozen
+buckets and its draft check share one packed copy of the weights, and their norms and embedding are the model's own
+(docs/BENCHMARKS.md, "Memory"). The server's compiler (compiler.py) packages a target's whole pass where the target
+says how to export it (`exported`) and a cache folder is set; without one it compiles in its own process."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import hashlib
+import json
+import zipfile
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -18,8 +23,16 @@ import torch
 
 from server.execution.compute_thread import one_openmp_thread
 
+# the constants go beside the graph as tensors (data/weights/, named in weights_config.json), not into its .so
+CONSTANTS_BESIDE = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+}
+
 
 class Exportable(Protocol):
+    model: torch.nn.Module  # whose parameters the export freezes: a package's constants may be them
+
     def exported(self, bucket: Hashable) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
         """(the traced function over its model, scratch inputs, each input's dynamic sizes as torch.export takes
         them: None, or {dimension: torch.export.Dim})."""
@@ -45,10 +58,68 @@ def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) ->
     with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
         module, args, shapes = target.exported(bucket)
         program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
-        torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=settings)
+        for beside in (True, False):
+            configs = {**settings, **(CONSTANTS_BESIDE if beside else {})}
+            torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
+            names = torch._inductor.aoti_load_package(str(partial)).get_constant_fqns()
+            if len(set(names)) == len(names):
+                break
+            # torch 2.13 gives two packed constants of some graphs one name, and keeps only one's tensor beside
+            # the graph: such a package keeps its constants in its .so (a copy of its own)
     partial.replace(path)
 
 
-def load(path: Path) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """The packaged pass, called with the traced function's arguments; returns its outputs."""
-    return torch._inductor.aoti_load_package(str(path))
+class SharedConstants:
+    """One tensor for each distinct constant of a model's packages: found by content (its bytes' digest, computed
+    only once another tensor of its dtype and shape arrives), so that equal constants of two packages, or a
+    package's and the model's parameters, are one tensor in memory."""
+
+    def __init__(self) -> None:
+        self._alike: dict[tuple, list[list]] = {}  # (dtype, shape, stride) -> [[digest or None, tensor], ...]
+        self._seen: set[int] = set()  # ids of the tensors added by `add`
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Offer tensors already in memory (the model's parameters) for packages' constants to bind."""
+        for tensor in tensors:
+            if id(tensor) not in self._seen:
+                self._seen.add(id(tensor))
+                self.shared(tensor.detach())
+
+    def __len__(self) -> int:
+        return sum(len(alike) for alike in self._alike.values())
+
+    def shared(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The kept tensor equal to `tensor`, or `tensor`, kept from now on."""
+        alike = self._alike.setdefault((tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())), [])
+        digest = None
+        for entry in alike:
+            entry[0] = entry[0] or content_digest(entry[1])
+            digest = digest or content_digest(tensor)
+            if entry[0] == digest and torch.equal(entry[1], tensor):
+                return entry[1]
+        alike.append([digest, tensor])
+        return tensor
+
+
+def content_digest(tensor: torch.Tensor) -> str:
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha1(memoryview(data), usedforsecurity=False).hexdigest()
+
+
+def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """The packaged pass, called with the traced function's arguments; returns its outputs. Its constants are
+    bound from `constants` (the package's own tensors where no equal one is there yet)."""
+    compiled = torch._inductor.aoti_load_package(str(path))
+    with zipfile.ZipFile(path) as archive:
+        members = {name.split("/", 1)[1]: name for name in archive.namelist()}  # the archive's top folder dropped
+        if (config := members.get("data/aotinductor/model/weights_config.json")) is None:
+            return compiled  # a package of an earlier build: its constants are in its .so
+        files: dict[str, torch.Tensor] = {}
+        bound = {}
+        for name, (file, shape, stride, offset) in json.loads(archive.read(config)).items():
+            if file not in files:
+                with archive.open(members[f"data/weights/{file}"]) as f:
+                    files[file] = torch.load(f, weights_only=True)
+            bound[name] = constants.shared(files[file].as_strided(shape, stride, offset))
+    compiled.load_constants(bound, check_full_update=True, user_managed=True)  # its tensors, not copies
+    return compiled

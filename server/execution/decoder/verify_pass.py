@@ -51,6 +51,7 @@ class VerifyPass:
         self.step = step  # its cache, context and column buckets
         self.device = step.device
         self.dtype = step.dtype  # sets the compiled pass's tolerance
+        self.model = step.model  # whose weights the export freezes
         self.traced = verify_pass(step.model)  # what the compiler traces and checks against
         self.uncompiled = verify_pass(step.eager_model)
         # BUCKET -> the compiled pass: written by the background compiler (server/execution/compiler.py,
