@@ -292,12 +292,12 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, rows: int, columns: int | None = None) -> StaticKVCache:
+    def new_cache(self, rows: int, columns: int | None = None, zeroed: int | None = None) -> StaticKVCache:
         """A KV cache of `rows` slots of `columns` positions (default context_length), in the weights'
-        dtype and device."""
+        dtype and device (zeroed: StaticKVCache.empty)."""
         p = next(self.parameters())
         shapes = [block.attn.cache_shapes() for block in self.blocks]
-        return StaticKVCache.empty(shapes, rows, columns or self.config.context_length, p.dtype, p.device)
+        return StaticKVCache.empty(shapes, rows, columns or self.config.context_length, p.dtype, p.device, zeroed)
 
     def forward(
         self,

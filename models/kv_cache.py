@@ -20,12 +20,25 @@ class StaticKVCache:
 
     @classmethod
     def empty(
-        cls, shapes: list[list[tuple[int, int]]], rows: int, context: int, dtype: torch.dtype, device: torch.device
+        cls,
+        shapes: list[list[tuple[int, int]]],
+        rows: int,
+        context: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        zeroed: int | None = None,
     ) -> StaticKVCache:
-        """Zeroed buffers; shapes: per layer, (heads, head width) of each tensor it caches."""
-        return cls(
-            [[torch.zeros(rows, h, context, d, dtype=dtype, device=device) for h, d in layer] for layer in shapes]
-        )
+        """Zeroed buffers; shapes: per layer, (heads, head width) of each tensor it caches. With `zeroed`, only
+        each row's first `zeroed` positions: a scratch cache that is never read further holds no memory there."""
+
+        def buffer(heads: int, width: int) -> torch.Tensor:
+            if zeroed is None:
+                return torch.zeros(rows, heads, context, width, dtype=dtype, device=device)
+            b = torch.empty(rows, heads, context, width, dtype=dtype, device=device)
+            b[:, :, :zeroed].zero_()
+            return b
+
+        return cls([[buffer(h, d) for h, d in layer] for layer in shapes])
 
     @property
     def context(self) -> int:

@@ -59,9 +59,9 @@ def test_the_check_runs_on_prompts_of_the_checks_text_prefilled_into_the_cache(t
         lengths = check_lengths(4, step.context)
         assert positions[:, 0].tolist() == lengths and len(set(lengths)) == 4
         assert span.shape[0] >= max(lengths) + 1 and span.shape[0] % 16 == 0
-        keys = cache[0]  # layer 0's keys (rows, heads, context + 1, width)
+        keys = cache[0]  # layer 0's keys (rows, heads, context + 1, width): zeroed as far as the step reads (span)
         for row, length in enumerate(lengths):
-            assert keys[row, :, :length].abs().sum() > 0 and keys[row, :, length:].abs().sum() == 0
+            assert keys[row, :, :length].abs().sum() > 0 and keys[row, :, length : span.shape[0]].abs().sum() == 0
         want = step.uncompiled(tokens, positions, eos_bias, allowed, span, *cache)
         assert disagreement(step.logits(want), step.logits(step.traced(*step.real_inputs(4))), step.dtype) is None
 

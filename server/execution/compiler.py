@@ -85,11 +85,9 @@ class Compilable(Protocol):
 
 
 def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights="native", cache_shape=()) -> str:
-    """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights'
-    form (native or int8), the KV cache's (slots, positions), torch version, and on the CPU what it computes
-    natively (models/cpu.py): a cache
-    on a volume shared by machines of two CPU classes must not hand one the other's graphs (inductor's own
-    cache, shared by an AVX2-emulated and a native process, aborted the native one in a graph's first run)."""
+    """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights' form (native
+    or int8), the KV cache's (slots, positions), torch version, and on the CPU what it computes natively
+    (models/cpu.py): inductor's own cache, shared by an AVX2-emulated and a native process, aborted the native one."""
     manifest = json.loads((folder / "manifest.json").read_text())["files"]
     files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
     form = [] if weights == "native" else [weights]

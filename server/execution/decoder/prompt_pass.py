@@ -73,7 +73,7 @@ class PromptPass:
         ids = torch.randint(self.vocab_size, (B, T), generator=generator, device=self.device)
         positions = torch.arange(T, device=self.device).expand(B, T)
         last = torch.tensor([T - 1, T // 2], device=self.device)
-        cache = [torch.zeros((B, *t.shape[1:]), dtype=t.dtype, device=self.device) for t in self.cache.tensors()]
+        cache = self.step.model.new_cache(B, columns=self.step.context + 1, zeroed=T).tensors()
         for t in (ids, positions):
             torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(t, 1)
@@ -89,7 +89,7 @@ class PromptPass:
         ids = torch.tensor([self.step.check_tokens(5 * row, T) for row in range(B)], device=self.device)
         positions = torch.arange(T, device=self.device).expand(B, T)
         last = torch.tensor(lengths, device=self.device) - 1
-        cache = self.step.model.new_cache(B, columns=self.step.context + 1)
+        cache = self.step.model.new_cache(B, columns=self.step.context + 1, zeroed=T)  # it reads the first T
         return ids, positions, last, *cache.tensors()
 
     def logits(self, output: torch.Tensor) -> torch.Tensor:

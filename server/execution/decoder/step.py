@@ -259,12 +259,12 @@ class DecodeStep:
         generator = torch.Generator(device=self.device).manual_seed(0)
         # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
         # fail on the compute thread and recompile there, on the request path
-        shapes = [(rows, *t.shape[1:]) for t in self.cache.tensors()]
-        full = [
-            torch.randn(shape, generator=generator, device=self.device).to(t.dtype)
-            for shape, t in zip(shapes, self.cache.tensors(), strict=True)
-        ]
         _, columns = self.bucket(rows, self.compiled_columns // 2 + 1)
+        full = []
+        for t in self.cache.tensors():  # only the columns the step reads are written (and hold memory)
+            buffer = torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
+            buffer[:, :, :columns] = torch.randn(buffer[:, :, :columns].shape, generator=generator, device=self.device)
+            full.append(buffer)
         span = torch.empty(columns, dtype=torch.int8, device=self.device)
         if self.compiled_columns > COLUMN_STEP:  # more than one column count: one graph for all of them
             torch._dynamo.mark_dynamic(span, 0, min=COLUMN_STEP, max=self.compiled_columns)
@@ -289,7 +289,8 @@ class DecodeStep:
     def prefilled(self, lengths: list[int]) -> tuple[StaticKVCache, torch.Tensor]:
         """A scratch cache shaped as the live one, one slot a prompt of the check's text of each length, filled by
         the eager prefill, and the token the model picks after each prompt (rows,)."""
-        cache = self.model.new_cache(len(lengths), columns=self.context + 1)
+        # shaped as the live cache, memory only where a check reads: its prompts, rounded up, and a few tokens more
+        cache = self.model.new_cache(len(lengths), columns=self.context + 1, zeroed=max(lengths) + 2 * COLUMN_STEP)
         forward, picked = forward_over(self.eager_model), []
         for row, length in enumerate(lengths):
             ids = torch.tensor([self.check_tokens(3 * row, length)], device=self.device)
