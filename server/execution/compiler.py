@@ -50,7 +50,12 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
-from server.execution.compute_thread import inductor_on_one_thread, on_own_thread, one_openmp_thread
+from server.execution.compute_thread import (
+    inductor_on_one_thread,
+    on_own_thread,
+    one_openmp_thread,
+    settle_garbage,
+)
 from server.execution.graph_call import GraphCapture, skipping_guards
 from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
@@ -163,16 +168,6 @@ def buckets(limit: int, smallest: int = 1) -> list[int]:
     while sizes[-1] * 2 < limit:
         sizes.append(sizes[-1] * 2)
     return [size for size in sizes if size < limit] + [limit]
-
-
-def settle_garbage() -> None:
-    """Collect what a build left, then freeze what survived (graphs, kernels, caches) out of later
-    collections. Python's full collections traverse every tracked object and run on whichever thread
-    allocates, the compute thread too: while the store compiled they grew long enough for a completion to
-    wait out one (docs/BENCHMARKS.md, "Start-up"). This one runs on the compiling thread, which waits for
-    running requests first (YieldToRequests)."""
-    gc.collect()
-    gc.freeze()
 
 
 class Pass(NamedTuple):
