@@ -143,9 +143,22 @@ def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
         return clone
 
     regional = shallow(model)
-    region = torch.compiler.nested_compile_region(type(regional.blocks[0]).forward)
+    forward = type(regional.blocks[0]).forward
+
+    def residual(block: torch.nn.Module, *args) -> torch.Tensor:
+        return forward(block, *args)[0]
+
+    # the region returns tensors only: dynamo stamps out no region whose outputs hold a None (the attention
+    # weights a step never returns), and traced each of 30 blocks anew
+    region = torch.compiler.nested_compile_region(residual)
+
+    def block_forward(block, x, mask, positions, rotation, cache, return_attention, fused_attention):
+        if return_attention:
+            return forward(block, x, mask, positions, rotation, cache, return_attention, fused_attention)
+        return region(block, x, mask, positions, rotation, cache, return_attention, fused_attention), None
+
     for block in regional.blocks:
-        block.forward = types.MethodType(region, block)
+        block.forward = types.MethodType(block_forward, block)
     return regional
 
 
