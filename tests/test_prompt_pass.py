@@ -57,6 +57,30 @@ def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant, request):
 
 
 @pytest.mark.compile
+def test_the_prompts_pass_traces_its_blocks_region_once():
+    """dynamo stamps out the first block's region for the others (a region whose outputs held the attention
+    weights' None was traced anew for each of a real model's 30 blocks: twice the warm start)."""
+    import logging
+
+    from torch._dynamo.variables import invoke_subgraph
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    torch._logging.set_logs(hierarchical_compile=True)
+    invoke_subgraph.hc_log.addHandler(handler)
+    try:
+        runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, n_layer=4, **VARIANTS["rope"]), None, 2)
+        with torch.inference_mode():
+            BackgroundCompiler([Pass(runner.prompts, None, True)], None, "test").build(None, True)
+    finally:
+        invoke_subgraph.hc_log.removeHandler(handler)
+        torch._logging.set_logs()
+    assert not [r for r in records if "not eligible" in r or "reuse failed" in r], records
+    assert len([r for r in records if "reusing subgraph" in r]) == 3, records
+
+
+@pytest.mark.compile
 def test_the_engine_gives_the_eager_tokens_with_the_compiled_prompt_pass(rope_runner):
     """An engine of two rows over the rope runner, its prompts' pass built (the group test's)."""
     model = rope_runner.model
