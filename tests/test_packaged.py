@@ -69,10 +69,9 @@ def test_the_draft_check_is_packaged_too(tmp_path):
 
 def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path):
     """The C++ GEMM template packs a weight alike for each row count it serves: the second bucket's package and the
-    draft check's bind the first's packed weights, and its norms and embedding are the model's own tensors. (A
-    GELU model's packages keep their constants in their .so: torch names two of them alike, the packaged-once
-    test above.)"""
-    model = tiny_gpt(vocab_size=97, context_length=128, norm="rmsnorm", bias=False, mlp="swiglu", positions="rope")
+    draft check's bind the first's packed weights, and its norms and embedding are the model's own tensors. A GELU
+    MLP's model: torch named two of its packed weights alike (packaged.py, distinct_constant_names)."""
+    model = tiny_gpt(vocab_size=97, context_length=128)
     runner = GPTRunner(model, None, 2)
     own = packaged.SharedConstants()
     own.add([*model.parameters(), *model.buffers()])

@@ -6,9 +6,7 @@ The compiler fills the `compiled` dict (bucket -> compiled function) of four cla
 it: the draft check, one graph, on the CPU only) and `EncoderStep` (server/execution/encoder_step.py: one bucket
 per padded length). `BackgroundCompiler.run` writes a bucket's entry once its graph is built and checked; each
 class reads its own dict at every call, on the compute thread, and serves a bucket without an entry otherwise
-(eagerly, or, for the decode step, on a larger built bucket; the runner has no draft check without one). Each
-gives the compiler its buckets, the function to trace (`traced`; the decode step's also `regional`), and example
-inputs of a bucket's shapes.
+(eagerly, or, for the decode step, on a larger built bucket; the runner has no draft check without one).
 
 A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
@@ -26,9 +24,8 @@ has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucke
 request's inputs against the traced function run eagerly (server/execution/step_check.py) before the engine may use
 it: a failure or a mismatch logs a line, shows in `states()`, and leaves the bucket as it was. The engine then
 calls the built graph itself, not through dynamo (server/execution/graph_call.py). What is built is kept per
-checkpoint, dtype, device, weights' form, pass and torch version: inductor's artifacts (save_cache_artifacts), or,
-for a whole CPU pass of a target that exports (the decode step's frozen buckets and the draft check: inductor
-cannot pickle their oneDNN constants), an AOTInductor package (server/execution/packaged.py); a restart loads them.
+`cache_key`: inductor's artifacts, or for a whole CPU pass of a target that exports, an AOTInductor package
+(server/execution/packaged.py); a restart loads them.
 """
 
 from __future__ import annotations
@@ -57,7 +54,7 @@ from server.execution.compute_thread import (
     settle_garbage,
 )
 from server.execution.graph_call import GraphCapture, skipping_guards
-from server.execution.packaged import SharedConstants, load, package
+from server.execution.packaged import PACKAGE_FORMAT, SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
@@ -98,7 +95,8 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights="n
     form = [] if weights == "native" else [weights]
     capability = [cpu.cpu_features().as_dict()] if device.type == "cpu" else []
     shape = [list(cache_shape)] if cache_shape else []
-    text = json.dumps([files, str(dtype), device.type, torch.__version__, *form, *capability, *shape], sort_keys=True)
+    facts = [files, str(dtype), device.type, torch.__version__, PACKAGE_FORMAT, *form, *capability, *shape]
+    text = json.dumps(facts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -131,31 +129,25 @@ def inductor_settings(device: torch.device, rows: int | None) -> dict:
 
 
 def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """The model, sharing every tensor, with every block's forward the same nested compile region, which the
-    compiler traces and builds for the first block and stamps out for the others (much quicker to build than
-    one whole graph, the step as fast: bench/bench_compile.py with and without --regional). The weights must
-    be graph inputs: under freezing dynamo cannot lift them into the region, so the model itself stays as it
-    is for whole (frozen) graphs. Eager calls are unchanged (the region is a no-op outside a compile)."""
+    """The model, sharing every tensor, its blocks one nested compile region, traced and built for the first block
+    and stamped out for the others (much quicker to build than one whole graph, the step as fast:
+    bench/bench_compile.py). The weights are graph inputs (under freezing dynamo cannot lift them into the region:
+    the model itself is left for whole, frozen graphs). Eager calls are unchanged."""
 
     def shallow(module: torch.nn.Module) -> torch.nn.Module:
         clone = copy.copy(module)  # its own attributes, the same tensors
         clone._modules = {name: shallow(child) for name, child in module._modules.items()}
         return clone
 
-    regional = shallow(model)
-    forward = type(regional.blocks[0]).forward
+    regional, forward = shallow(model), type(model.blocks[0]).forward
 
     def residual(block: torch.nn.Module, *args) -> torch.Tensor:
         return forward(block, *args)[0]
 
-    # the region returns tensors only: dynamo stamps out no region whose outputs hold a None (the attention
-    # weights a step never returns), and traced each of 30 blocks anew
-    region = torch.compiler.nested_compile_region(residual)
+    region = torch.compiler.nested_compile_region(residual)  # tensors only: dynamo stamps out no region with a None
 
-    def block_forward(block, x, mask, positions, rotation, cache, return_attention, fused_attention):
-        if return_attention:
-            return forward(block, x, mask, positions, rotation, cache, return_attention, fused_attention)
-        return region(block, x, mask, positions, rotation, cache, return_attention, fused_attention), None
+    def block_forward(block: torch.nn.Module, *args) -> tuple:  # args[5]: return_attention (Block.forward)
+        return forward(block, *args) if args[5] else (region(block, *args), None)
 
     for block in regional.blocks:
         block.forward = types.MethodType(block_forward, block)

@@ -12,10 +12,11 @@ says how to export it (`exported`) and a cache folder is set; without one it com
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import zipfile
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +25,7 @@ import torch
 from server.execution.compute_thread import one_openmp_thread
 
 # the constants go beside the graph as tensors (data/weights/, named in weights_config.json), not into its .so
+PACKAGE_FORMAT = "constants beside"  # in the cache key (compiler.py): a cache of packages holding theirs is rebuilt
 CONSTANTS_BESIDE = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
@@ -60,13 +62,37 @@ def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) ->
         program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
         for beside in (True, False):
             configs = {**settings, **(CONSTANTS_BESIDE if beside else {})}
-            torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
+            with distinct_constant_names():
+                torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
             names = torch._inductor.aoti_load_package(str(partial)).get_constant_fqns()
             if len(set(names)) == len(names):
                 break
-            # torch 2.13 gives two packed constants of some graphs one name, and keeps only one's tensor beside
-            # the graph: such a package keeps its constants in its .so (a copy of its own)
+            # two constants named alike keep one tensor beside the graph: this package keeps them in its .so
     partial.replace(path)
+
+
+@contextlib.contextmanager
+def distinct_constant_names() -> Iterator[None]:
+    """torch 2.13's inductor names an unnamed constant `constant<count>` and records that as its original name
+    before making the name unique (GraphLowering.allocate_non_dup_const_name): the packed weights of a GELU MLP's
+    two products then shared one, and a package with its constants beside it kept only one of their tensors.
+    Meanwhile each unnamed constant gets a name no other constant has."""
+    from torch._inductor.graph import GraphLowering  # inductor's, imported when a package is built
+
+    allocate = GraphLowering.allocate_non_dup_const_name
+
+    def distinct(graph: GraphLowering, name: str | None, data: torch.Tensor) -> str:
+        taken = set(graph.constants) | set(graph.allocated_constant_name.values())
+        count = len(graph.constants)
+        while name is None and f"constant{count}" in taken:
+            count += 1
+        return allocate(graph, name if name is not None else f"constant{count}", data)
+
+    GraphLowering.allocate_non_dup_const_name = distinct
+    try:
+        yield
+    finally:
+        GraphLowering.allocate_non_dup_const_name = allocate
 
 
 class SharedConstants:
@@ -102,6 +128,7 @@ class SharedConstants:
 
 
 def content_digest(tensor: torch.Tensor) -> str:
+    """The sha1 of the tensor's bytes (to find equal tensors, not for security)."""
     data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
     return hashlib.sha1(memoryview(data), usedforsecurity=False).hexdigest()
 
@@ -113,7 +140,7 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
     with zipfile.ZipFile(path) as archive:
         members = {name.split("/", 1)[1]: name for name in archive.namelist()}  # the archive's top folder dropped
         if (config := members.get("data/aotinductor/model/weights_config.json")) is None:
-            return compiled  # a package of an earlier build: its constants are in its .so
+            return compiled  # its constants are in its .so (package() kept them there)
         files: dict[str, torch.Tensor] = {}
         bound = {}
         for name, (file, shape, stride, offset) in json.loads(archive.read(config)).items():
