@@ -391,12 +391,5 @@ def settle_garbage() -> None:
         MALLOC_TRIM(0)
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, where the C library has one (not macOS's, nor musl's)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-MALLOC_TRIM = _malloc_trim()
+# glibc's malloc_trim, where the C library has one (not macOS's, nor musl's)
+MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)

@@ -60,14 +60,9 @@ def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) ->
     with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
         module, args, shapes = target.exported(bucket)
         program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
-        for beside in (True, False):
-            configs = {**settings, **(CONSTANTS_BESIDE if beside else {})}
-            with distinct_constant_names():
-                torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
-            names = torch._inductor.aoti_load_package(str(partial)).get_constant_fqns()
-            if len(set(names)) == len(names):
-                break
-            # two constants named alike keep one tensor beside the graph: this package keeps them in its .so
+        configs = {**settings, **CONSTANTS_BESIDE}
+        with distinct_constant_names():
+            torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
     partial.replace(path)
 
 
@@ -139,11 +134,10 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
     compiled = torch._inductor.aoti_load_package(str(path))
     with zipfile.ZipFile(path) as archive:
         members = {name.split("/", 1)[1]: name for name in archive.namelist()}  # the archive's top folder dropped
-        if (config := members.get("data/aotinductor/model/weights_config.json")) is None:
-            return compiled  # its constants are in its .so (package() kept them there)
+        config = json.loads(archive.read(members["data/aotinductor/model/weights_config.json"]))
         files: dict[str, torch.Tensor] = {}
         bound = {}
-        for name, (file, shape, stride, offset) in json.loads(archive.read(config)).items():
+        for name, (file, shape, stride, offset) in config.items():
             if file not in files:
                 with archive.open(members[f"data/weights/{file}"]) as f:
                     files[file] = torch.load(f, weights_only=True)
