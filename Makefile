@@ -23,11 +23,10 @@ serve: install
 complete: install
 	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
 
-# On one worker: under two (`pytest -n auto --dist loadfile`, 9 min 23 s against 13 min 13 s from a fresh clone)
-# the two-process DDP test once hung at its processes' exit (docs/ARCHITECTURE.md, "Tests").
+# A worker a core, each test file on one worker (docs/ARCHITECTURE.md, "Tests").
 test: install browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 # The inner loop: the suite less its slow, browser, compile and GPU tests (docs/ARCHITECTURE.md, "Tests").
 quick: install

@@ -3,7 +3,7 @@
 import torch
 
 from model_store.store import write_checkpoint
-from server.execution.compiler import cache_key
+from server.execution.compile_cache import cache_key
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
 

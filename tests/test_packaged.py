@@ -21,15 +21,26 @@ def test_a_frozen_step_is_packaged_once_and_loaded_at_the_next_start(tmp_path, m
     try:
         want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
         step = compiled.runner.step
+        with monkeypatch.context() as m:  # a package that fails its check is not kept, nor left half-way
+            m.setattr("server.execution.compiler.disagreement", lambda *args: "the logits differ")
+            rejected = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
+            rejected.run()
+        assert rejected.states()["DecodeStep_1"].startswith("not built: StepMismatchError: the logits differ")
+        assert not any(tmp_path.rglob("*.pt2"))
         first = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
         first.run()
         assert first.states() == {"DecodeStep_1": "built"}
         assert first.artifact(1).name == "DecodeStep_1.pt2" and first.artifact(1).stat().st_size > 0
+        assert [p.name for p in tmp_path.rglob("*.pt2")] == ["DecodeStep_1.pt2"]
 
         def no_export(*args, **kwargs):
             raise AssertionError("exported again: the package was not loaded")
 
+        def no_check(*args, **kwargs):
+            raise AssertionError("checked again: a kept package passed its check when it was built")
+
         monkeypatch.setattr(torch.export, "export", no_export)  # a restart: a new compiler over the same cache
+        monkeypatch.setattr(BackgroundCompiler, "matching", no_check)
         again = BackgroundCompiler([Pass(step, 1, regional=True), Pass(step, 1)], tmp_path, "key", name="tiny")
         assert again.passes == [Pass(step, 1)]  # the package loads quicker than the regional graph would build
         step.compiled[1] = again.build(1)

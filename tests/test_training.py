@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -138,12 +139,23 @@ def test_two_process_ddp_run(tmp_path):
         "cpu",
         "--no-final-eval",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # its own process group, its output in files: on a timeout the ranks go with the launcher (subprocess.run kills
+    # only the launcher, then waits for the pipes its ranks still hold: a rank stuck at exit hung the suite once)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        try:
+            returncode = launcher.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+            pytest.fail(f"the DDP run took over 240 s: {err.read_text()[-3000:]}")
+    assert returncode == 0, err.read_text()[-3000:]
     log = read_log(tmp_path)
     assert [e["step"] for e in log] == [3, 6]  # written once, by rank 0
     assert (tmp_path / "model" / "model.safetensors").exists()
-    assert "16 tokens/step" not in proc.stdout and "128 tokens/step" in proc.stdout  # 2 ranks x 4 x 16
+    printed = out.read_text()
+    assert "16 tokens/step" not in printed and "128 tokens/step" in printed  # 2 ranks x 4 x 16
 
 
 def test_patience_stops_the_run_and_ships_the_best_checkpoint(tmp_path):

@@ -30,11 +30,10 @@ calls the built graph itself, not through dynamo (server/execution/graph_call.py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
-import hashlib
 import itertools
-import json
 import logging
 import threading
 import time
@@ -54,7 +53,7 @@ from server.execution.compute_thread import (
     settle_garbage,
 )
 from server.execution.graph_call import GraphCapture, skipping_guards
-from server.execution.packaged import PACKAGE_FORMAT, SharedConstants, load, package
+from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
 log = logging.getLogger("tinyserve")
@@ -84,20 +83,6 @@ class Compilable(Protocol):
     def matmul_rows(self, bucket: Hashable) -> int | None:
         """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
         ...
-
-
-def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights="native", cache_shape=()) -> str:
-    """What a compiled step depends on: the weights and config (by hash), dtype, device, the weights' form (native
-    or int8), the KV cache's (slots, positions), torch version, and on the CPU what it computes natively
-    (models/cpu.py): inductor's own cache, shared by an AVX2-emulated and a native process, aborted the native one."""
-    manifest = json.loads((folder / "manifest.json").read_text())["files"]
-    files = {name: manifest[name]["sha256"] for name in ("config.json", "model.safetensors")}
-    form = [] if weights == "native" else [weights]
-    capability = [cpu.cpu_features().as_dict()] if device.type == "cpu" else []
-    shape = [list(cache_shape)] if cache_shape else []
-    facts = [files, str(dtype), device.type, torch.__version__, PACKAGE_FORMAT, *form, *capability, *shape]
-    text = json.dumps(facts, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 # On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
@@ -311,29 +296,41 @@ class BackgroundCompiler:
         return self.compiled_here(bucket, regional, self.artifact(bucket, regional))
 
     def packaged(self, bucket: Hashable) -> Callable[..., torch.Tensor]:
-        """The whole pass from its package in the cache, packaged first where there is none; checked. A pass that
-        does not export or package is compiled in this process instead (and not kept)."""
+        """The whole pass from its package in the cache; where there is none, packaged, checked, and kept only then
+        (a package in the cache passed the check). A pass that does not export or package is compiled in this
+        process instead (and not kept)."""
         target, path = self.targets[bucket], self.artifact(bucket)
+        kept, unchecked = path.exists(), path.with_name(path.stem + ".unchecked.pt2")
         try:
-            if not path.exists():
+            if not kept:
                 settings = inductor_settings(target.device, target.matmul_rows(bucket))
-                package(target, bucket, path, {**settings, "cpp.threads": self.threads})
+                package(target, bucket, unchecked, {**settings, "cpp.threads": self.threads})
             self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
-            compiled = load(path, self.constants)
+            compiled = load(path if kept else unchecked, self.constants)
         except Exception as e:  # an OSError: e.g. a read-only cache
+            with contextlib.suppress(OSError):
+                unchecked.unlink(missing_ok=True)
             why = "could not cache" if isinstance(e, OSError) else "could not package"
             log.warning("%s %s (%s); compiled in this process", why, path, e)
             return self.compiled_here(bucket, False, None)
-        return self.matching(bucket, target.traced, compiled)
+        if not kept:
+            try:
+                self.matching(bucket, target.traced, compiled)
+                unchecked.replace(path)
+            finally:
+                unchecked.unlink(missing_ok=True)
+        return compiled
 
     def compiled_here(self, bucket: Hashable, regional: bool, saved: Path | None) -> Callable[..., torch.Tensor]:
-        """The bucket compiled in this process, checked, its compiler artifacts saved to `saved` for the next
-        start: this build's alone (the record is per process: each file held every earlier build's too)."""
+        """The bucket compiled in this process, checked unless its artifacts come from `saved` (kept only after the
+        check), else saved there for the next start: this build's alone (the record is per process: each file held
+        every earlier build's too)."""
+        kept = saved is not None and saved.exists()
         with CacheArtifactManager.with_fresh_cache():
-            if saved is not None and saved.exists():
+            if kept:
                 torch.compiler.load_cache_artifacts(saved.read_bytes())
-            compiled = self.checked(bucket, regional)
-            if saved is not None and not saved.exists() and (artifacts := torch.compiler.save_cache_artifacts()):
+            compiled = self.checked(bucket, regional, check=not kept)
+            if saved is not None and not kept and (artifacts := torch.compiler.save_cache_artifacts()):
                 try:
                     saved.parent.mkdir(parents=True, exist_ok=True)
                     saved.write_bytes(artifacts[0])
@@ -341,9 +338,11 @@ class BackgroundCompiler:
                     log.warning("could not cache %s: %s", saved, e)
         return compiled
 
-    def checked(self, bucket: Hashable, regional: bool = False) -> Callable[..., torch.Tensor]:
-        """The bucket's compiled function, after its outputs on scratch inputs matched the eager function's."""
+    def checked(self, bucket: Hashable, regional: bool = False, check: bool = True) -> Callable[..., torch.Tensor]:
+        """The bucket's compiled function, after its outputs on a real request's inputs matched the eager
+        function's (`check`)."""
         target = self.targets[bucket]
+        matching = self.matching if check else lambda bucket, reference, compiled: compiled
         if regional:  # inductor's defaults: nothing frozen, the products the eager model's (prepacked on the CPU)
             try:
                 compiled = self.compile(bucket, {}, regional=True)
@@ -351,8 +350,8 @@ class BackgroundCompiler:
                 # torch specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
                 # is built whole): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
-                return self.checked(bucket)
-            return self.matching(bucket, target.regional, compiled)
+                return self.checked(bucket, check=check)
+            return matching(bucket, target.regional, compiled)
         settings = inductor_settings(target.device, target.matmul_rows(bucket))
         fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
@@ -363,7 +362,7 @@ class BackgroundCompiler:
             # the C++ GEMM template loses a dynamic size in some graphs (the additive attention score's)
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled = self.compile(bucket, fallback)
-        return self.matching(bucket, target.traced, compiled)
+        return matching(bucket, target.traced, compiled)
 
     def matching(self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor]) -> Callable:
         """compiled, where on a real request's inputs it gives the reference's next-token distribution, run

@@ -25,7 +25,6 @@ import torch
 from server.execution.compute_thread import one_openmp_thread
 
 # the constants go beside the graph as tensors (data/weights/, named in weights_config.json), not into its .so
-PACKAGE_FORMAT = "constants beside"  # in the cache key (compiler.py): a cache of packages holding theirs is rebuilt
 CONSTANTS_BESIDE = {
     "aot_inductor.package_constants_in_so": False,
     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
@@ -53,17 +52,15 @@ class WholePass(torch.nn.Module):
 
 
 def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) -> None:
-    """Export the bucket's pass and compile it into an AOTInductor package at `path` (written whole or not at all).
-    Inductor's own torch ops (freezing's constant folding) run on one OpenMP thread (compute_thread.py says why)."""
-    partial = path.with_name(path.stem + ".partial.pt2")
+    """Export the bucket's pass and compile it into an AOTInductor package at `path`. Inductor's own torch ops
+    (freezing's constant folding) run on one OpenMP thread (compute_thread.py says why)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
         module, args, shapes = target.exported(bucket)
         program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
         configs = {**settings, **CONSTANTS_BESIDE}
         with distinct_constant_names():
-            torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
-    partial.replace(path)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ from model_store.families import Family
 from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine.core import GenerationEngine
-from server.execution.compiler import BackgroundCompiler, cache_key
+from server.execution.compile_cache import cache_key
+from server.execution.compiler import BackgroundCompiler
 from server.execution.compute_thread import ComputeThread, behind_requests
 from server.execution.encoder_step import EncoderStep
 from server.execution.loader import load_runner

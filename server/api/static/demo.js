@@ -11,7 +11,11 @@ import { snippets } from "./snippets.js";
 
 let layerView = null; // the last POST /attention answer: every head of one layer
 let defaultEosBias = 0; // GET /info's, for the InferenceClient snippet
-let linkOpened = false; // a shared link opens once the models load (after the token, on a protected server)
+// a shared link opens once the models load (after the token, on a protected server), unless a run came first; the
+// link is the address the page was opened at (each run rewrites the address to its own state)
+const openedAt = location.hash;
+let linkOpened = false;
+let modelLoads = 0; // only the latest load of the model list reports (an earlier one, without the token, may end later)
 
 const currentTab = () => document.querySelector("nav .tab.active").dataset.tab;
 
@@ -194,6 +198,7 @@ const RUN = {
 
 /** Run a tab's request; the URL then holds its inputs, ready to share. */
 async function run(tab) {
+  linkOpened = true;
   showError("");
   history.replaceState(null, "", `#${stateOf(tab)}`);
   try {
@@ -289,14 +294,23 @@ function openState(state, force = false) {
 function openLink() {
   if (linkOpened) return;
   linkOpened = true;
-  openState(readState(location.hash));
+  openState(readState(openedAt));
+}
+
+function loadModelsThenLink() {
+  const load = ++modelLoads;
+  loadModels().then(
+    () => load === modelLoads && openLink(),
+    (err) => load === modelLoads && showError(err.message),
+  );
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("token").value = sessionStorage.getItem("tinyserve-token") || "";
   $("token").addEventListener("change", () => {
     sessionStorage.setItem("tinyserve-token", $("token").value);
-    loadModels().then(() => { showError(""); openLink(); }, (err) => showError(err.message));
+    showError("");
+    loadModelsThenLink();
   });
   for (const b of document.querySelectorAll("nav .tab")) b.addEventListener("click", () => selectTab(b.dataset.tab));
   bindSliders();
@@ -331,5 +345,5 @@ document.addEventListener("DOMContentLoaded", () => {
     copyText(link, $("share"));
   });
   loadExamples().catch((err) => showError(`examples: ${err.message}`));
-  loadModels().then(openLink, (err) => showError(err.message));
+  loadModelsThenLink();
 });
