@@ -33,8 +33,8 @@ SERVER_LAYERS = [
 # inside a folder, lowest first: the same rule one level down
 FOLDER_LAYERS = {
     "execution": [
-        {"graph_call", "compute_thread", "step_check", "compile_cache"},
-        {"packaged"},
+        {"graph_call", "compute_thread", "step_check"},
+        {"packaged", "compile_cache"},
         {"compiler"},
         {"runner", "encoder_step"},
         {"decoder", "hf_causal"},

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.cpu import cpu_features
-from server.execution.compiler import BackgroundCompiler
+from server.execution.compiler import BackgroundCompiler, Pass
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import DecodeStep
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
@@ -126,6 +126,39 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
     assert got[0].tolist() == want[0].tolist()
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-4
     torch.testing.assert_close(got[2].float(), want[2].float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.compile
+def test_a_kept_regional_graph_is_bound_by_name_at_a_restart_without_tracing_or_checking(tmp_path, monkeypatch):
+    """A regional graph passed its check and was kept; a restart (a new step over weights loaded again, prepacked
+    anew) binds it to its arguments and to those weights by name: nothing is traced, nothing checked again, and
+    it gives the eager step's tokens and logits."""
+    emulate_cpu(monkeypatch, AVX2)  # float32 prepacked layers: their packed weights are graph inputs too
+    first = DecodeStep(tiny_gpt(vocab_size=97, context_length=64, n_layer=2), 2)
+    built = BackgroundCompiler([Pass(first, 2, regional=True)], tmp_path, "key", name="tiny")
+    built.run()
+    assert built.states() == {"DecodeStep_2_regional": "built"}
+    assert built.artifact(2, True).exists() and built.artifact(2, True).with_suffix(".json").exists()
+
+    def never(*args, **kwargs):
+        raise AssertionError("traced or checked at the restart")
+
+    monkeypatch.setattr(torch, "compile", never)
+    monkeypatch.setattr(BackgroundCompiler, "matching", never)
+    step = DecodeStep(tiny_gpt(vocab_size=97, context_length=64, n_layer=2), 2)  # the same weights, new tensors
+    restarted = BackgroundCompiler([Pass(step, 2, regional=True)], tmp_path, "key", name="tiny")
+    restarted.run()
+    assert restarted.states() == {"DecodeStep_2_regional": "built"}
+    with torch.inference_mode():
+        inputs = step.inputs(2, 16)
+        for t in inputs[5:]:
+            t.normal_()
+        inputs[0][:, 0] = torch.tensor([5, 9])
+        inputs[1][:, 0] = torch.tensor([3, 7])
+        want = step.regional(*inputs)
+        got = step.compiled[2](*inputs)
+    assert got[0].tolist() == want[0].tolist()
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.compile

@@ -1,17 +1,20 @@
-"""The compile cache's key: what a compiled pass depends on, so that no entry serves another model, dtype, CPU or
-version of the code it was traced from. What the cache holds passed the check when it was built
-(compiler.py), and is loaded without running it again."""
+"""The compile cache: its key (what a compiled pass depends on, so that no entry serves another model, dtype, CPU or
+version of the code it was traced from), and how a pass compiled in-process is kept in it. What the cache holds
+passed the check when it was built (compiler.py), and is loaded without running it again; a graph the engine calls
+directly (graph_call.py) is loaded with how its inputs are found, so a restart traces nothing."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from models import cpu
+from server.execution.graph_call import BoundGraph
 
 
 @functools.cache
@@ -35,3 +38,25 @@ def cache_key(folder: Path, dtype: torch.dtype, device: torch.device, weights="n
     facts = [files, str(dtype), device.type, torch.__version__, traced_code(), *form, *capability, *shape]
     text = json.dumps(facts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def save(compiled: Callable, artifacts: tuple, path: Path) -> None:
+    """A build's inductor artifacts at `path` (torch's CompiledArtifact), and for a graph called directly how its
+    inputs are found (the JSON beside it, written first: the artifacts mark the pass kept)."""
+    from torch._inductor.standalone_compile import CacheCompiledArtifact
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(compiled, BoundGraph):
+        inputs = {"inputs": compiled.recipes, "returns_tensor": compiled.returns_tensor}
+        path.with_suffix(".json").write_text(json.dumps(inputs))
+    CacheCompiledArtifact(compiled, artifacts).save(path=str(path), format="binary")
+
+
+def load_kept(path: Path, weights: dict[str, torch.Tensor]) -> BoundGraph | None:
+    """The kept graph bound to its inputs by name; None for a pass called through dynamo, whose artifacts are only
+    loaded into inductor's caches (the next compile of the same graph then builds nothing)."""
+    graph = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+    if not (inputs := path.with_suffix(".json")).exists():
+        return None
+    kept = json.loads(inputs.read_text())
+    return BoundGraph(graph, kept["inputs"], weights, kept["returns_tensor"])

@@ -46,13 +46,14 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from models import cpu
+from server.execution.compile_cache import load_kept, save
 from server.execution.compute_thread import (
     inductor_on_one_thread,
     on_own_thread,
     one_openmp_thread,
     settle_garbage,
 )
-from server.execution.graph_call import GraphCapture, skipping_guards
+from server.execution.graph_call import GraphCapture, model_tensors, skipping_guards
 from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
@@ -62,9 +63,10 @@ log = logging.getLogger("tinyserve")
 class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # the coarsest its products round to: sets the check's tolerance
+    model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
-    # the decode step also has `regional`: the same function over a copy of its model whose blocks are one
-    # compile region (regional_copy), traced with the weights as graph inputs
+    # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
+    # of the model whose blocks are one compile region (regional_copy), traced with the weights as graph inputs
     # bucket -> compiled, written by BackgroundCompiler.run when built and checked; read by the target's own call
     compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]
 
@@ -322,21 +324,33 @@ class BackgroundCompiler:
         return compiled
 
     def compiled_here(self, bucket: Hashable, regional: bool, saved: Path | None) -> Callable[..., torch.Tensor]:
-        """The bucket compiled in this process, checked unless its artifacts come from `saved` (kept only after the
-        check), else saved there for the next start: this build's alone (the record is per process: each file held
-        every earlier build's too)."""
-        kept = saved is not None and saved.exists()
+        """The bucket compiled in this process and checked, its compiler artifacts saved to `saved` for the next start
+        (this build's alone: the record is per process); where they are kept already (only a checked build's are),
+        loaded instead."""
+        if saved is not None and saved.exists():
+            try:
+                return self.loaded(bucket, regional, saved)
+            except Exception as e:  # e.g. a file cut short: built again
+                log.warning("%s: could not load %s (%s); built again", self.label(bucket, regional), saved, e)
         with CacheArtifactManager.with_fresh_cache():
-            if kept:
-                torch.compiler.load_cache_artifacts(saved.read_bytes())
-            compiled = self.checked(bucket, regional, check=not kept)
-            if saved is not None and not kept and (artifacts := torch.compiler.save_cache_artifacts()):
+            compiled = self.checked(bucket, regional)
+            if saved is not None and (artifacts := torch.compiler.save_cache_artifacts()):
                 try:
-                    saved.parent.mkdir(parents=True, exist_ok=True)
-                    saved.write_bytes(artifacts[0])
-                except OSError as e:  # e.g. a read-only file system: the step is built, only the cache is lost
+                    save(compiled, artifacts, saved)
+                except (OSError, RuntimeError) as e:  # e.g. a read-only file system: only the cache is lost
                     log.warning("could not cache %s: %s", saved, e)
         return compiled
+
+    def loaded(self, bucket: Hashable, regional: bool, saved: Path) -> Callable[..., torch.Tensor]:
+        """A kept pass, unchecked (it passed when built): its graph bound by the inputs kept beside it (nothing is
+        traced), or, for a pass called through dynamo, compiled again from inductor's artifacts it holds."""
+        bound = load_kept(saved, self.weights(bucket, regional))
+        return bound if bound is not None else self.checked(bucket, regional, check=False)
+
+    def weights(self, bucket: Hashable, regional: bool) -> dict[str, torch.Tensor]:
+        """The tensors the pass's function reads by name: graph inputs a direct call binds."""
+        target = self.targets[bucket]
+        return model_tensors(target.regional_model if regional else target.model)
 
     def checked(self, bucket: Hashable, regional: bool = False, check: bool = True) -> Callable[..., torch.Tensor]:
         """The bucket's compiled function, after its outputs on a real request's inputs matched the eager
@@ -389,9 +403,8 @@ class BackgroundCompiler:
             example = target.example(bucket)
         with torch._inductor.config.patch(config):
             output = compiled(*example)
-        direct = capture.direct(
-            fn, returns_tensor=isinstance(output, torch.Tensor), bind_weights=target.device.type == "cpu"
-        )
+        weights = self.weights(bucket, regional) if target.device.type == "cpu" else None
+        direct = capture.direct(fn, returns_tensor=isinstance(output, torch.Tensor), weights=weights)
         if direct is not None:
             if layout(direct(*target.example(bucket))) == layout(output):
                 return direct

@@ -16,8 +16,9 @@ class GraphCapture:
     called without dynamo: its frame evaluation and wrappers, guards skipped, are a noticeable share of a small
     model's one-row step (docs/BENCHMARKS.md, "Why these paths"). That needs a graph whose inputs are
     the function's arguments, as a frozen CPU graph's are (its weights are constants), or also the weights,
-    bound once (`bind_weights`: the CPU's regional graphs); otherwise the function is called through dynamo
-    (CUDA, whose captured CUDA graphs replay without it). Like vLLM's compile
+    bound once by their names in the model (the CPU's regional graphs): the same names bind a graph saved by an
+    earlier process (compiler.py), so a restart calls it without tracing anything. Otherwise the function is called
+    through dynamo (CUDA, whose captured CUDA graphs replay without it). Like vLLM's compile
     wrapper, which also skips the guards, it relies on the caller: each bucket's step is called only
     with inputs shaped and strided as the traced ones (its preallocated views)."""
 
@@ -34,32 +35,51 @@ class GraphCapture:
         self.graphs.append((sources, examples, compiled))
         return compiled
 
-    def direct(self, fn: Callable, returns_tensor: bool, bind_weights: bool = False) -> Callable | None:
-        """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
-        None where it isn't one graph of those arguments alone. bind_weights: a tensor input fn reads from
-        elsewhere (its model's weights, through its closure) is bound to the tensor it was traced with, so a
-        graph that takes the weights as inputs is called directly too (the caller's weights never change)."""
+    def recipes(self, fn: Callable, weights: dict[int, str] | None = None) -> list[Recipe] | None:
+        """How to find each input of the one graph from fn's arguments (`argument_recipe`), and with `weights` (a
+        tensor's id -> its name in the model fn reads) a weight by name; None where it isn't one graph of those."""
         if len(self.graphs) != 1:
             return None
-        sources, examples, compiled = self.graphs[0]
-        getters = [argument_getter(source, fn) for source in sources]
-        if bind_weights:  # the weights are alive: the function's closure holds them
-            tensors = [ref() if ref is not None else None for ref in examples]
-            getters = [
-                g if g is not None or t is None else (lambda args, t=t: t)
-                for g, t in zip(getters, tensors, strict=True)
-            ]
-        if any(g is None for g in getters):
-            return None
+        sources, examples, _ = self.graphs[0]
+        recipes = [argument_recipe(source, fn) for source in sources]
+        if weights is not None:  # the weights are alive: the function's closure holds them
+            traced = [ref() if ref is not None else None for ref in examples]
+            names = [weights.get(id(t)) if t is not None else None for t in traced]
+            recipes = [r if r is not None or n is None else ("weight", n) for r, n in zip(recipes, names, strict=True)]
+        return None if any(r is None for r in recipes) else recipes
 
-        def call(*args):
-            outputs = compiled(*[get(args) for get in getters])
-            return outputs[0] if returns_tensor and len(outputs) == 1 else tuple(outputs)
+    def direct(
+        self, fn: Callable, returns_tensor: bool, weights: dict[str, torch.Tensor] | None = None
+    ) -> BoundGraph | None:
+        """The one graph as a function of fn's arguments, returning a tensor or a tuple of them as fn does;
+        None where it isn't one graph of those arguments alone. weights: the tensors fn reads from elsewhere (its
+        model's weights, through its closure) by name, bound once, so a graph that takes the weights as inputs is
+        called directly too (the caller's weights never change)."""
+        names = {id(t): name for name, t in weights.items()} if weights is not None else None
+        recipes = self.recipes(fn, names)
+        return None if recipes is None else BoundGraph(self.graphs[0][2], recipes, weights or {}, returns_tensor)
 
-        return call
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a model holds by a name: its parameters, buffers and tensor attributes (a prepacked layer's
+    packed weight), the first name of a tensor held twice (tied weights)."""
+    named: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        held = [*module._parameters.items(), *module._buffers.items(), *vars(module).items()]
+        for name, t in held:
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                named[f"{prefix}.{name}" if prefix else name] = t
+    return named
 
 
-def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
+# How a graph input is found: ("arg", i), ("varargs", n) (the arguments from n on), ("item", recipe, i),
+# ("size" | "stride", recipe, dim), ("weight", name): kept beside a saved graph (JSON), bound again at a restart.
+Recipe = tuple
+
+
+def argument_recipe(source, fn: Callable) -> Recipe | None:
     """How to read a graph input (dynamo's source: an argument, an item of one, a tensor's size or
     stride) from fn's positional arguments; None for anything else (a global, a module's attribute)."""
     from torch._dynamo.source import GetItemSource, LocalSource, TensorProperty, TensorPropertySource
@@ -68,25 +88,48 @@ def argument_getter(source, fn: Callable) -> Callable[[tuple], object] | None:
         code = fn.__code__
         names = code.co_varnames[: code.co_argcount]
         if source.local_name in names:
-            i = names.index(source.local_name)
-            return lambda args: args[i]
+            return ("arg", names.index(source.local_name))
         if code.co_flags & inspect.CO_VARARGS and source.local_name == code.co_varnames[code.co_argcount]:
-            n = code.co_argcount
-            return lambda args: args[n:]
+            return ("varargs", code.co_argcount)
         return None
-    base = argument_getter(getattr(source, "base", None), fn) if hasattr(source, "base") else None
+    base = argument_recipe(source.base, fn) if hasattr(source, "base") else None
     if base is None:
         return None
     if isinstance(source, GetItemSource) and isinstance(source.index, int) and not source.index_is_slice:
-        index = source.index
-        return lambda args: base(args)[index]
-    if isinstance(source, TensorPropertySource):
-        dim = source.idx
-        if source.prop is TensorProperty.SIZE:
-            return lambda args: base(args).size(dim)
-        if source.prop is TensorProperty.STRIDE:
-            return lambda args: base(args).stride(dim)
+        return ("item", base, source.index)
+    if isinstance(source, TensorPropertySource) and source.prop in (TensorProperty.SIZE, TensorProperty.STRIDE):
+        return ("size" if source.prop is TensorProperty.SIZE else "stride", base, source.idx)
     return None
+
+
+def getter(recipe: Recipe, weights: dict[str, torch.Tensor]) -> Callable[[tuple], object]:
+    """The function of fn's positional arguments that reads what `recipe` names."""
+    kind, *rest = recipe
+    if kind == "arg":
+        return lambda args, i=rest[0]: args[i]
+    if kind == "varargs":
+        return lambda args, n=rest[0]: args[n:]
+    if kind == "weight":
+        return lambda args, t=weights[rest[0]]: t
+    base, index = getter(tuple(rest[0]), weights), rest[1]
+    if kind == "item":
+        return lambda args: base(args)[index]
+    if kind == "size":
+        return lambda args: base(args).size(index)
+    return lambda args: base(args).stride(index)
+
+
+class BoundGraph:
+    """A compiled graph (of flat inputs) called with a function's positional arguments, its inputs found by
+    `recipes`: returns a tensor, or a tuple of them, as the function does."""
+
+    def __init__(self, graph: Callable, recipes: list, weights: dict[str, torch.Tensor], returns_tensor: bool):
+        self.graph, self.recipes, self.returns_tensor = graph, recipes, returns_tensor
+        self.getters = [getter(tuple(r), weights) for r in recipes]
+
+    def __call__(self, *args):
+        outputs = self.graph(*[get(args) for get in self.getters])
+        return outputs[0] if self.returns_tensor and len(outputs) == 1 else tuple(outputs)
 
 
 def skipping_guards(compiled: Callable) -> Callable:

@@ -50,6 +50,7 @@ class PromptPass:
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.cache = step.cache
         self.vocab_size = step.vocab_size
+        self.model, self.regional_model = step.model, step.regional_model  # what each function below reads
         self.traced = prompt_pass(step.model)  # what the compiler traces whole and checks against
         self.regional = prompt_pass(step.regional_model)  # its blocks one region (compiler.py, regional_copy)
         self.uncompiled = prompt_pass(step.eager_model)  # the prepacked copy's (prepacked.py)
