@@ -6,7 +6,7 @@ builds it first).
 
 A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
-50 steps. --regional: the regional pass (server/execution/compiler.py, regional_copy: every block one nested compile
+50 steps. --regional: the regional pass (server/execution/decoder/regional.py: every block one nested compile
 region, the weights graph inputs, the prepacked layers on the CPU). --unfrozen: a whole graph with the weights
 as graph inputs (no freezing). --phases: dynamo's and inductor's time per phase, each call's time listed (a region
 traced once per block lists as many). --gated: built as the server builds it, on a thread that yields to requests

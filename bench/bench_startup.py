@@ -49,6 +49,13 @@ def group_rss_mib(pid: int) -> float:
     return rss_mib(pid) + sum(group_rss_mib(k) for k in kids if Path(f"/proc/{k}").exists())
 
 
+def completed(client: httpx.Client, base: str, proc) -> None:
+    """One completion; a failed one ends the run with the server's log (what failed is there)."""
+    response = client.post(f"{base}/generate", json=BODY)
+    if response.status_code != 200:
+        sys.exit(f"{response.status_code} {response.text}\n--- the server's log ---\n{server_output(proc)[-8000:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=Path, default=STORE_ROOT, help="the model store to serve")
@@ -74,7 +81,7 @@ def main() -> None:
             compiled_s = loaded_s = None
             while time.monotonic() - t0 < args.max_s:
                 t = time.monotonic()
-                client.post(f"{base}/generate", json=BODY).raise_for_status()
+                completed(client, base, proc)
                 during.append((t - t0, time.monotonic() - t))
                 health = client.get(f"{base}/health").json()
                 if loaded_s is None and not health["loading"]:
@@ -86,7 +93,7 @@ def main() -> None:
             after = []
             for _ in range(5):
                 t = time.monotonic()
-                client.post(f"{base}/generate", json=BODY).raise_for_status()
+                completed(client, base, proc)
                 after.append(time.monotonic() - t)
             rss_done, rss_peak = group_rss_mib(proc.pid), rss_mib(proc.pid, "VmHWM")
             models = client.get(f"{base}/health").json()["models"]

@@ -1,4 +1,4 @@
-"""Building decode steps: the blocks of a step as one nested compile region (compiler.py, regional_copy),
+"""Building decode steps: the blocks of a step as one nested compile region (server/execution/decoder/regional.py),
 and a bucket not built yet running padded on a larger built one."""
 
 import threading

@@ -31,7 +31,6 @@ calls the built graph itself, not through dynamo (server/execution/graph_call.py
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import itertools
 import logging
@@ -66,7 +65,7 @@ class Compilable(Protocol):
     model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
-    # of the model whose blocks are one compile region (regional_copy), traced with the weights as graph inputs
+    # of the model whose blocks are one compile region (decoder/regional.py), traced with the weights as graph inputs
     # bucket -> compiled, written by BackgroundCompiler.run when built and checked; read by the target's own call
     compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]
 
@@ -113,32 +112,6 @@ def inductor_settings(device: torch.device, rows: int | None) -> dict:
     if template_serves(rows):
         return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
     return dict(PREPACKED)
-
-
-def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """The model, sharing every tensor, its blocks one nested compile region, traced and built for the first block
-    and stamped out for the others (much quicker to build than one whole graph, the step as fast:
-    bench/bench_compile.py). The weights are graph inputs (under freezing dynamo cannot lift them into the region:
-    the model itself is left for whole, frozen graphs). Eager calls are unchanged."""
-
-    def shallow(module: torch.nn.Module) -> torch.nn.Module:
-        clone = copy.copy(module)  # its own attributes, the same tensors
-        clone._modules = {name: shallow(child) for name, child in module._modules.items()}
-        return clone
-
-    regional, forward = shallow(model), type(model.blocks[0]).forward
-
-    def residual(block: torch.nn.Module, *args) -> torch.Tensor:
-        return forward(block, *args)[0]
-
-    region = torch.compiler.nested_compile_region(residual)  # tensors only: dynamo stamps out no region with a None
-
-    def block_forward(block: torch.nn.Module, *args) -> tuple:  # args[5]: return_attention (Block.forward)
-        return forward(block, *args) if args[5] else (region(block, *args), None)
-
-    for block in regional.blocks:
-        block.forward = types.MethodType(block_forward, block)
-    return regional
 
 
 def own_code(fn: Callable, name: str) -> Callable:

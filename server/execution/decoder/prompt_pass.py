@@ -52,7 +52,7 @@ class PromptPass:
         self.vocab_size = step.vocab_size
         self.model, self.regional_model = step.model, step.regional_model  # what each function below reads
         self.traced = prompt_pass(step.model)  # what the compiler traces whole and checks against
-        self.regional = prompt_pass(step.regional_model)  # its blocks one region (compiler.py, regional_copy)
+        self.regional = prompt_pass(step.regional_model)  # its blocks one region (regional.py)
         self.uncompiled = prompt_pass(step.eager_model)  # the prepacked copy's (prepacked.py)
         # None -> the compiled pass: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread

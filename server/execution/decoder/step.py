@@ -29,9 +29,10 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.execution.compiler import buckets, regional_copy, template_serves
+from server.execution.compiler import buckets, template_serves
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
+from server.execution.decoder.regional import regional_copy
 from server.execution.packaged import WholePass
 from server.execution.runner import StepOutput
 
@@ -198,7 +199,7 @@ class DecodeStep:
             # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
             self.cache = model.new_cache(max_rows, columns=self.context + 1)
         # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
-        # plain model as one whole graph (frozen on the CPU), or regionally (compiler.py, regional_copy):
+        # plain model as one whole graph (frozen on the CPU), or regionally (regional.py):
         # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU):
         # much quicker to build than one whole graph of a many-layer model
         self.traced = eager_step(model, fused_attention=False)

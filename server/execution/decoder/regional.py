@@ -1,0 +1,34 @@
+"""The GPT with its blocks one nested compile region: what the compiler builds regionally (compiler.py)."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+
+
+def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The model, sharing every tensor, its blocks one nested compile region, traced and built for the first block
+    and stamped out for the others (much quicker to build than one whole graph, the step as fast:
+    bench/bench_compile.py). The weights are graph inputs (under freezing dynamo cannot lift them into the region:
+    the model itself is left for whole, frozen graphs). Eager calls are unchanged."""
+
+    def shallow(module: torch.nn.Module) -> torch.nn.Module:
+        clone = copy.copy(module)  # its own attributes, the same tensors
+        clone._modules = {name: shallow(child) for name, child in module._modules.items()}
+        return clone
+
+    regional, forward = shallow(model), type(model.blocks[0]).forward
+
+    def residual(block: torch.nn.Module, *args) -> torch.Tensor:
+        return forward(block, *args)[0]
+
+    region = torch.compiler.nested_compile_region(residual)  # tensors only: dynamo stamps out no region with a None
+
+    def block_forward(block: torch.nn.Module, *args) -> tuple:  # args[5]: return_attention (Block.forward)
+        return forward(block, *args) if args[5] else (region(block, *args), None)
+
+    for block in regional.blocks:
+        block.forward = types.MethodType(block_forward, block)
+    return regional
