@@ -78,10 +78,11 @@ def test_the_draft_check_is_packaged_too(tmp_path):
     assert compiler.artifact(VerifyPass.BUCKET).suffix == ".pt2" and compiler.artifact(VerifyPass.BUCKET).exists()
 
 
-def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path):
+def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path, monkeypatch):
     """The C++ GEMM template packs a weight alike for each row count it serves: the second bucket's package and the
     draft check's bind the first's packed weights, and its norms and embedding are the model's own tensors. A GELU
-    MLP's model: torch named two of its packed weights alike (packaged.py, distinct_constant_names)."""
+    MLP's model: torch named two of its packed weights alike (packaged.py, distinct_constant_names). At a restart a
+    package reads from its archive only the constants not held already."""
     model = tiny_gpt(vocab_size=97, context_length=128)
     runner = GPTRunner(model, None, 2)
     own = packaged.SharedConstants()
@@ -94,3 +95,15 @@ def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path):
         kept.append(len(compiler.constants))
     assert kept[0] > len(own) and kept == [kept[0]] * 3, (len(own), kept)
     assert all(compiler.artifact(bucket).exists() for _, bucket, _ in passes)
+
+    reads = []
+    read_archive = torch.load
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: reads.append(1) or read_archive(*args, **kwargs))
+    restarted = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
+    read = []
+    for target, bucket, _ in passes:
+        before = len(reads)
+        target.compiled[bucket] = restarted.build(bucket)
+        read.append(len(reads) - before)
+    assert read[0] > 0 and read[1:] == [0, 0], read
+    assert len(restarted.constants) == kept[0]

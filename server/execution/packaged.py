@@ -106,10 +106,9 @@ class SharedConstants:
     def __len__(self) -> int:
         return sum(len(alike) for alike in self._alike.values())
 
-    def shared(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The kept tensor equal to `tensor`, or `tensor`, kept from now on."""
-        alike = self._alike.setdefault((tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())), [])
-        digest = None
+    def shared(self, tensor: torch.Tensor, digest: str | None = None) -> torch.Tensor:
+        """The kept tensor equal to `tensor`, or `tensor`, kept from now on (`digest`: its content_digest, if known)."""
+        alike = self._alike.setdefault(tensor_meta(tensor), [])
         for entry in alike:
             entry[0] = entry[0] or content_digest(entry[1])
             digest = digest or content_digest(tensor)
@@ -118,11 +117,34 @@ class SharedConstants:
         alike.append([digest, tensor])
         return tensor
 
+    def held(self, noted: list, digest: str) -> torch.Tensor | None:
+        """The kept tensor of this layout (`noted_meta`'s, as JSON gives it back) and digest, if there is one."""
+        dtype, shape, stride = noted
+        for entry in self._alike.get((getattr(torch, dtype), tuple(shape), tuple(stride)), []):
+            entry[0] = entry[0] or content_digest(entry[1])
+            if entry[0] == digest:
+                return entry[1]
+        return None
+
+
+def tensor_meta(tensor: torch.Tensor) -> tuple:
+    return tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())
+
+
+def noted_meta(tensor: torch.Tensor) -> tuple:
+    """`tensor_meta` as JSON keeps it."""
+    return str(tensor.dtype).removeprefix("torch."), list(tensor.shape), list(tensor.stride())
+
 
 def content_digest(tensor: torch.Tensor) -> str:
     """The sha1 of the tensor's bytes (to find equal tensors, not for security)."""
     data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
     return hashlib.sha1(memoryview(data), usedforsecurity=False).hexdigest()
+
+
+# Added to a package at its first load: each constant's layout and digest, so that a later load reads from the archive
+# only the constants not held already (another package's, the model's)
+DIGESTS = "tinyserve/constants.json"
 
 
 def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -132,12 +154,21 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
     with zipfile.ZipFile(path) as archive:
         members = {name.split("/", 1)[1]: name for name in archive.namelist()}  # the archive's top folder dropped
         config = json.loads(archive.read(members["data/aotinductor/model/weights_config.json"]))
+        known = json.loads(archive.read(members[DIGESTS])) if DIGESTS in members else {}
         files: dict[str, torch.Tensor] = {}
         bound = {}
         for name, (file, shape, stride, offset) in config.items():
-            if file not in files:
-                with archive.open(members[f"data/weights/{file}"]) as f:
-                    files[file] = torch.load(f, weights_only=True)
-            bound[name] = constants.shared(files[file].as_strided(shape, stride, offset))
+            noted, digest = known.get(name, (None, None))
+            if digest is None or (tensor := constants.held(noted, digest)) is None:
+                if file not in files:
+                    with archive.open(members[f"data/weights/{file}"]) as f:
+                        files[file] = torch.load(f, weights_only=True)
+                tensor = constants.shared(files[file].as_strided(shape, stride, offset), digest)
+            bound[name] = tensor
     compiled.load_constants(bound, check_full_update=True, user_managed=True)  # its tensors, not copies
+    if not known:  # noted once, at the load that follows the build
+        top = next(iter(members.values())).split("/", 1)[0]
+        noted = {name: (noted_meta(t), content_digest(t)) for name, t in bound.items()}
+        with contextlib.suppress(OSError), zipfile.ZipFile(path, "a") as archive:  # a read-only cache: read again
+            archive.writestr(f"{top}/{DIGESTS}", json.dumps(noted))
     return compiled
