@@ -23,10 +23,10 @@ serve: install
 complete: install
 	$(PY) -m training complete model_store/gpt-wikitext2 "$(PROMPT)"
 
-# A worker a core, each test file on one worker (docs/ARCHITECTURE.md, "Tests").
+# A worker a core, each taking the next test as it frees (docs/ARCHITECTURE.md, "Tests").
 test: install browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The inner loop: the suite less its slow, browser, compile and GPU tests (docs/ARCHITECTURE.md, "Tests").
 quick: install

@@ -45,6 +45,10 @@ SHAPES = {  # the shapes of the checkpoints people serve, with our 16k vocabular
     "pythia-160m": ("GPTNeoXForCausalLM", dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                     num_attention_heads=12, rotary_pct=0.25, use_parallel_residual=True)),
     "gpt2-124m": ("GPT2LMHeadModel", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024)),
+    "qwen3-0.6b": ("Qwen3ForCausalLM", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)),
+    "llama3.2-1b": ("LlamaForCausalLM", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)),
 }  # fmt: skip
 
 
@@ -60,7 +64,8 @@ def shape_config(shape: str):
     if arch != "GPT2LMHeadModel":
         common["max_position_embeddings"] = 2048
     config = transformers.AutoConfig.for_model({"LlamaForCausalLM": "llama", "GPTNeoXForCausalLM": "gpt_neox",
-                                                "GPT2LMHeadModel": "gpt2"}[arch], **common, **kwargs)  # fmt: skip
+                                                "GPT2LMHeadModel": "gpt2", "Qwen3ForCausalLM": "qwen3"}[arch],
+                                               **common, **kwargs)  # fmt: skip
     config.architectures = [arch]
     return config
 
@@ -239,7 +244,7 @@ def main() -> None:
     ap.add_argument(
         "--convert-python", default=None, help="Python for convert_hf_to_gguf.py (default: the peers' venv)"
     )
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="smollm2-135m,pythia-160m,gpt2-124m", help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--weights", default="native", choices=["native", "int8"], help="int8: against q8_0")
     ap.add_argument("--streams", default="1,8")
