@@ -81,8 +81,8 @@ def test_the_draft_check_is_packaged_too(tmp_path):
 def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path, monkeypatch):
     """The C++ GEMM template packs a weight alike for each row count it serves: the second bucket's package and the
     draft check's bind the first's packed weights, and its norms and embedding are the model's own tensors. A GELU
-    MLP's model: torch named two of its packed weights alike (packaged.py, distinct_constant_names). At a restart a
-    package reads from its archive only the constants not held already."""
+    MLP's model: torch named two of its packed weights alike (packaged.py, distinct_constant_names). At a restart
+    the first package maps its constants from the files kept beside the packages, and the others read none."""
     model = tiny_gpt(vocab_size=97, context_length=128)
     runner = GPTRunner(model, None, 2)
     own = packaged.SharedConstants()
@@ -96,14 +96,16 @@ def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path, monkeypatc
     assert kept[0] > len(own) and kept == [kept[0]] * 3, (len(own), kept)
     assert all(compiler.artifact(bucket).exists() for _, bucket, _ in passes)
 
-    reads = []
-    read_archive = torch.load
-    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: reads.append(1) or read_archive(*args, **kwargs))
+    reads = []  # at a restart: whether each tensor read was mapped from the constants kept beside the packages
+    read_tensors = torch.load
+    monkeypatch.setattr(
+        torch, "load", lambda *args, **kwargs: reads.append(kwargs.get("mmap", False)) or read_tensors(*args, **kwargs)
+    )
     restarted = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
     read = []
     for target, bucket, _ in passes:
         before = len(reads)
         target.compiled[bucket] = restarted.build(bucket)
         read.append(len(reads) - before)
-    assert read[0] > 0 and read[1:] == [0, 0], read
+    assert read[0] > 0 and read[1:] == [0, 0] and all(reads), (read, reads)
     assert len(restarted.constants) == kept[0]

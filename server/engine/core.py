@@ -20,6 +20,7 @@ made on the consumer's side (server/engine/output.py), never on the compute thre
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
@@ -35,6 +36,8 @@ from server.engine.rows import EngineStats, GenerationRequest, RunningRow, greed
 from server.engine.speculation import speculate
 from server.execution.compute_thread import ComputeThread
 from server.execution.runner import CausalLMRunner
+
+log = logging.getLogger("tinyserve")
 
 
 class QueueFullError(RuntimeError):
@@ -139,6 +142,7 @@ class GenerationEngine:
                 self._sample()
                 self._output()
             except Exception as e:  # e.g. out of memory: fail the batch, keep serving
+                log.exception("an engine step failed; its batch fails with it")
                 message = f"{type(e).__name__}: {e}"
                 for row in self._rows:
                     if not row.finished:

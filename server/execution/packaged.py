@@ -117,6 +117,10 @@ class SharedConstants:
         alike.append([digest, tensor])
         return tensor
 
+    def from_model(self, tensor: torch.Tensor) -> bool:
+        """Whether the tensor was offered by `add` (the model's own)."""
+        return id(tensor) in self._seen
+
     def held(self, noted: list, digest: str) -> torch.Tensor | None:
         """The kept tensor of this layout (`noted_meta`'s, as JSON gives it back) and digest, if there is one."""
         dtype, shape, stride = noted
@@ -149,8 +153,11 @@ DIGESTS = "tinyserve/constants.json"
 
 def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Tensor, ...]]:
     """The packaged pass, called with the traced function's arguments; returns its outputs. Its constants are
-    bound from `constants` (the package's own tensors where no equal one is there yet)."""
+    bound from `constants` (the package's own tensors where no equal one is there yet). A constant is read from
+    the archive once (its CRC and unpickling: seconds a GB); it is then kept by digest in `constants/` beside the
+    packages, which later loads map into memory."""
     compiled = torch._inductor.aoti_load_package(str(path))
+    kept = path.parent / "constants"
     with zipfile.ZipFile(path) as archive:
         members = {name.split("/", 1)[1]: name for name in archive.namelist()}  # the archive's top folder dropped
         config = json.loads(archive.read(members["data/aotinductor/model/weights_config.json"]))
@@ -159,7 +166,10 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
         bound = {}
         for name, (file, shape, stride, offset) in config.items():
             noted, digest = known.get(name, (None, None))
-            if digest is None or (tensor := constants.held(noted, digest)) is None:
+            tensor = constants.held(noted, digest) if digest is not None else None
+            if tensor is None and digest is not None and (mapped := kept / f"{digest}.pt").exists():
+                tensor = constants.shared(torch.load(mapped, mmap=True, weights_only=True), digest)
+            if tensor is None:
                 if file not in files:
                     with archive.open(members[f"data/weights/{file}"]) as f:
                         files[file] = torch.load(f, weights_only=True)
@@ -169,6 +179,19 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
     if not known:  # noted once, at the load that follows the build
         top = next(iter(members.values())).split("/", 1)[0]
         noted = {name: (noted_meta(t), content_digest(t)) for name, t in bound.items()}
-        with contextlib.suppress(OSError), zipfile.ZipFile(path, "a") as archive:  # a read-only cache: read again
-            archive.writestr(f"{top}/{DIGESTS}", json.dumps(noted))
+        with contextlib.suppress(OSError):  # a read-only cache: read from the archive again
+            with zipfile.ZipFile(path, "a") as archive:
+                archive.writestr(f"{top}/{DIGESTS}", json.dumps(noted))
+            keep(bound, noted, constants, kept)
     return compiled
+
+
+def keep(bound: dict[str, torch.Tensor], noted: dict, constants: SharedConstants, folder: Path) -> None:
+    """The package's constants that are not the model's own, each in a file of its own named by its digest."""
+    folder.mkdir(exist_ok=True)
+    for name, tensor in bound.items():
+        file = folder / f"{noted[name][1]}.pt"
+        if not constants.from_model(tensor) and not file.exists():
+            partial = file.with_suffix(".partial")
+            torch.save(torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor), partial)
+            partial.replace(file)
