@@ -57,8 +57,9 @@ class PrepackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        # dynamo's own flag: is_compiling() is process-wide, and true on the compute thread while another thread exports
-        linear = torch.ops.tinyserve.prepacked_linear.default if torch.compiler.is_dynamo_compiling() else prepacked_linear
+        # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
+        traced = torch.compiler.is_dynamo_compiling()
+        linear = torch.ops.tinyserve.prepacked_linear.default if traced else prepacked_linear
         return linear(x, self.packed, self.bias)
 
 
