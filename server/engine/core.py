@@ -289,6 +289,7 @@ class GenerationEngine:
         try:
             logits = self.runner.prefill(slots, [req.prompt_ids for req in reqs])
         except Exception as e:  # a failed prefill fails its request, not its group or the engine
+            log.exception("a prefill of %d prompts failed", len(reqs))
             if len(reqs) > 1:
                 for req in reqs:
                     self._prefill([req])
