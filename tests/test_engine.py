@@ -5,9 +5,10 @@ import pytest
 
 from models.sampling import SamplingParams
 from models.tokenizer import eos_id
-from server.engine.core import GenerationEngine, QueueFullError
+from server.engine.core import GenerationEngine
 from server.engine.detokenizer import Detokenizer
 from server.engine.events import FinishEvent, Retired
+from server.engine.rows import QueueFullError
 from server.execution.decoder.runner import GPTRunner
 from tests.conftest import run_together, tiny_gpt
 

@@ -32,16 +32,12 @@ from models.sampling import Draw, SamplingParams, sample
 from server.config import default
 from server.engine.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.engine.output import RequestOutput
-from server.engine.rows import EngineStats, GenerationRequest, RunningRow, greedy_draw
+from server.engine.rows import EngineStats, GenerationRequest, QueueFullError, RunningRow, greedy_draw
 from server.engine.speculation import speculate
 from server.execution.compute_thread import ComputeThread
 from server.execution.runner import CausalLMRunner
 
 log = logging.getLogger("tinyserve")
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at capacity: the caller should answer 429 with Retry-After."""
 
 
 class GenerationEngine:
@@ -92,8 +88,6 @@ class GenerationEngine:
     def stop(self) -> None:
         if self.driver is not None:
             self.driver.stop()
-
-    # -- submitting ----------------------------------------------------------------------------
 
     def submit(
         self,

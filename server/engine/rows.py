@@ -16,6 +16,10 @@ from server.engine.events import EngineOutput
 from server.engine.speculation import PromptLookup
 
 
+class QueueFullError(RuntimeError):
+    """The waiting queue is at capacity: the caller should answer 429 with Retry-After."""
+
+
 class GenerationRequest:
     def __init__(
         self,

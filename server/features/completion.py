@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 from models.sampling import SamplingParams
 from server.config import Settings
-from server.engine.core import QueueFullError
 from server.engine.events import EngineOutput, Event, FinishEvent, Retired, TokenEvent
 from server.engine.output import RequestOutput
+from server.engine.rows import QueueFullError
 from server.errors import APIError
 from server.serving.registry import ModelLoadingError, ModelRegistry, ServedModel, UnknownModelError
 
