@@ -1,5 +1,7 @@
 """A frozen CPU decode step kept as an AOTInductor package: built once, loaded at the next start, the eager tokens."""
 
+import gc
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.verify_pass import VerifyPass
 from tests.conftest import tiny_gpt
 from tests.test_compiled_step import GREEDY, started
+from tests.test_prepacked import plain_weights, prepacked_dtype
 
 pytestmark = [pytest.mark.compile, pytest.mark.slow]
 
@@ -109,3 +112,26 @@ def test_a_models_packages_bind_one_copy_of_their_constants(tmp_path, monkeypatc
         read.append(len(reads) - before)
     assert read[0] > 0 and read[1:] == [0, 0] and all(reads), (read, reads)
     assert len(restarted.constants) == kept[0]
+
+
+def test_once_the_packages_are_loaded_the_plain_weights_are_freed_and_the_tokens_stay(tmp_path):
+    """The packages bind their packed weights and the model's norms and embedding, none of the plain linear weights:
+    those go once the compiler is done (the prepacked copy runs the rest), and the packaged step still gives its
+    tokens."""
+    model = tiny_gpt(vocab_size=97, context_length=128).to(prepacked_dtype())
+    prompt = [5, 17, 3, 42, 8, 11, 2, 9]
+    engine = started(model)
+    try:
+        step = engine.runner.step
+        compiler = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
+        compiler.run()
+        assert compiler.states() == {"DecodeStep_1": "built"}
+        want = [e.id for e in engine.generate(prompt, GREEDY)[0]]
+        plain = plain_weights(model)
+        engine.runner.compiler_done()  # as the server calls it once every compiler is done
+        gc.collect()
+        assert plain and all(w() is None for w in plain), "a plain weight is still held"
+        got = [e.id for e in engine.generate(prompt, GREEDY)[0]]
+    finally:
+        engine.stop()
+    assert len(got) == 64 and got == want

@@ -1,9 +1,13 @@
 """Uncompiled work (decode steps, prefills) runs prepacked linear layers in bf16 on the CPU, same numbers."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
 
+from models import cpu
 from server.execution.decoder.prepacked import PrepackedLinear, prepacked_copy, prepacks
 from server.execution.decoder.step import DecodeStep
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, needs_onednn_bf16, tiny_gpt
@@ -101,3 +105,44 @@ def test_bf16_prepacks_only_where_onednn_computes_bf16(monkeypatch):
     with torch.inference_mode():
         want, got = step.traced(*step.example(1)), step.uncompiled(*step.example(1))
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+
+
+def prepacked_dtype() -> torch.dtype:
+    """The dtype this CPU prepacks linear layers in: bf16 with oneDNN's bf16 kernels, float32 without AVX-512."""
+    features = cpu.cpu_features()
+    if features.onednn_bf16:
+        return torch.bfloat16
+    if not features.avx512:
+        return torch.float32
+    pytest.skip("this CPU prepacks neither bf16 nor float32")
+
+
+def plain_weights(model: nn.Module) -> list[weakref.ref]:
+    """The linear layers' own weights (a head tied to the embedding is the embedding's)."""
+    others = {id(p) for m in model.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
+    return [weakref.ref(m.weight) for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in others]
+
+
+@pytest.mark.parametrize("features", [AVX512_BF16, AVX2], ids=["avx512_bf16", "avx2"])
+def test_once_the_compiler_is_done_the_plain_weights_are_freed_and_the_model_runs_prepacked(features, monkeypatch):
+    from server.execution.decoder.runner import GPTRunner
+
+    if features.onednn_bf16 and not cpu.cpu_features().onednn_bf16:
+        pytest.skip("no oneDNN bf16 kernels on this CPU")
+    emulate_cpu(monkeypatch, features)
+    dtype = torch.bfloat16 if features.onednn_bf16 else torch.float32
+    model = tiny_gpt(vocab_size=97, context_length=64).to(dtype).eval()
+    runner = GPTRunner(model, None, 4)
+    parameters, plain = runner.facts.parameters, plain_weights(model)
+    prompt = [5, 6, 7, 8, 9]
+    with torch.inference_mode():
+        before = runner.prefill([0], [prompt]), runner.logits(prompt)
+        runner.compiler_done()
+        gc.collect()
+        assert plain and all(w() is None for w in plain), "a plain weight is still held"
+        assert not any(isinstance(m, nn.Linear) for m in model.modules())
+        after = runner.prefill([0], [prompt]), runner.logits(prompt)
+    assert torch.equal(before[0], after[0])  # the prefill ran the prepacked layers already
+    assert torch.equal(before[1].argmax(-1), after[1].argmax(-1))  # scoring reads the same model
+    fresh = tiny_gpt(vocab_size=97, context_length=64)
+    assert runner.facts.parameters == parameters == sum(p.numel() for p in fresh.parameters())

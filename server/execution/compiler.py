@@ -225,6 +225,7 @@ class BackgroundCompiler:
             else:
                 log.info("%s at full speed: all %d passes compiled in %.0f s", self.name, len(self.passes), took)
         finally:
+            self.constants.forget_offered()  # what no package binds is the model's to free
             gc.set_threshold(*threshold)
             self.done.set()
 

@@ -140,6 +140,7 @@ class HFCausalLMRunner:
             normaliser="softmax0",
             attention_settings={"softmax": "softmax0", "n_head": c.num_attention_heads, "architecture": architecture},
             config=c.to_dict(),
+            parameters=sum(p.numel() for p in model.parameters()),
             kv_cache_bytes=max_rows * context * per_position,
             slots=max_rows,
         )
@@ -195,3 +196,6 @@ class HFCausalLMRunner:
 
     def compile_passes(self, max_rows: int) -> list:
         return []  # served eagerly
+
+    def compiler_done(self) -> None:
+        pass  # nothing kept for a compiler

@@ -54,13 +54,20 @@ class WholePass(torch.nn.Module):
 def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) -> None:
     """Export the bucket's pass and compile it into an AOTInductor package at `path`. Inductor's own torch ops
     (freezing's constant folding) run on one OpenMP thread (compute_thread.py says why)."""
+    from torch.fx.experimental import proxy_tensor  # torch's tracer, imported by export
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
-        module, args, shapes = target.exported(bucket)
-        program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
-        configs = {**settings, **CONSTANTS_BESIDE}
-        with distinct_constant_names():
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    try:
+        with torch.inference_mode(False), torch.no_grad(), one_openmp_thread():  # export takes no inference tensors
+            module, args, shapes = target.exported(bucket)
+            program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
+            configs = {**settings, **CONSTANTS_BESIDE}
+            with distinct_constant_names():
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    finally:
+        # torch 2.13's tracer keeps the last traced graph's nodes in this map (for export's leak report) until the
+        # next trace; that graph holds the model's plain weights, which must go once the compiler is done
+        proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
 @contextlib.contextmanager
@@ -94,14 +101,27 @@ class SharedConstants:
 
     def __init__(self) -> None:
         self._alike: dict[tuple, list[list]] = {}  # (dtype, shape, stride) -> [[digest or None, tensor], ...]
-        self._seen: set[int] = set()  # ids of the tensors added by `add`
+        self._seen: set[int] = set()  # ids of the tensors given to `add`
+        self._offered: set[int] = set()  # ids of the kept tensors `add` gave (the model's own)
+        self._bound: set[int] = set()  # ids of the kept tensors a package binds (its handles do not own them)
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Offer tensors already in memory (the model's parameters) for packages' constants to bind."""
         for tensor in tensors:
             if id(tensor) not in self._seen:
                 self._seen.add(id(tensor))
-                self.shared(tensor.detach())
+                self._offered.add(id(self.shared(tensor.detach())))
+
+    def bind(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Note the tensors a loaded package binds: they are kept as long as this is."""
+        self._bound.update(id(t) for t in tensors)
+
+    def forget_offered(self) -> None:
+        """Drop the offered tensors no package binds (every package is loaded: the model may free them)."""
+        for alike in self._alike.values():
+            alike[:] = [e for e in alike if id(e[1]) not in self._offered or id(e[1]) in self._bound]
+        self._offered &= self._bound
+        self._seen.clear()
 
     def __len__(self) -> int:
         return sum(len(alike) for alike in self._alike.values())
@@ -119,7 +139,7 @@ class SharedConstants:
 
     def from_model(self, tensor: torch.Tensor) -> bool:
         """Whether the tensor was offered by `add` (the model's own)."""
-        return id(tensor) in self._seen
+        return id(tensor) in self._offered
 
     def held(self, noted: list, digest: str) -> torch.Tensor | None:
         """The kept tensor of this layout (`noted_meta`'s, as JSON gives it back) and digest, if there is one."""
@@ -176,6 +196,7 @@ def load(path: Path, constants: SharedConstants) -> Callable[..., tuple[torch.Te
                 tensor = constants.shared(files[file].as_strided(shape, stride, offset), digest)
             bound[name] = tensor
     compiled.load_constants(bound, check_full_update=True, user_managed=True)  # its tensors, not copies
+    constants.bind(bound.values())
     if not known:  # noted once, at the load that follows the build
         top = next(iter(members.values())).split("/", 1)[0]
         noted = {name: (noted_meta(t), content_digest(t)) for name, t in bound.items()}

@@ -59,6 +59,7 @@ class ModelFacts:
     normaliser: str  # the attention normaliser: softmax0 or softmax1
     attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
+    parameters: int = 0  # the checkpoint's, counted at load (its layers may be packed later)
     kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
     slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
     verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
@@ -151,6 +152,11 @@ class CausalLMRunner(Protocol):
     def compile_passes(self, max_rows: int) -> list[tuple[object, Hashable]]:
         """What server/execution/compiler.py builds for this model, in build order: (target, bucket) pairs, e.g. the
         fixed-shape decode step's buckets of at most max_rows rows; empty when the family has none."""
+        ...
+
+    def compiler_done(self) -> None:
+        """The compiler has built what it builds, or will not run (on the compute thread): what only it read may
+        go."""
         ...
 
 

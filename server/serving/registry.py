@@ -187,6 +187,7 @@ class ModelRegistry:
                 "architecture": type(model).__name__,
             },
             config=c.to_dict(),
+            parameters=sum(p.numel() for p in model.parameters()),
         )
         return ServedModel(
             id=model_id,
@@ -208,7 +209,7 @@ class ModelRegistry:
         if self._behind or self.settings.compile_models:
             behind_requests(self._behind_ready, self.compute, "loader")
         else:
-            self.compiled.set()
+            self._compiled()
 
     def _behind_ready(self) -> None:
         try:
@@ -226,9 +227,17 @@ class ModelRegistry:
             if self.settings.compile_models:
                 for compiler in self._compilers():
                     compiler.run()
+            self._compiled()
         finally:
             self.loaded.set()
             self.compiled.set()
+
+    def _compiled(self) -> None:
+        """Nothing is left to compile: each runner drops what only the compiler read (the plain weights)."""
+        for m in self.models.values():
+            if m.runner is not None:
+                self.compute.call(m.runner.compiler_done)
+        self.compiled.set()
 
     def _warm_up(self, m: ServedModel) -> None:
         if m.runner is not None:

@@ -26,7 +26,7 @@ def summary(m: ServedModel) -> ModelSummary:
         tasks=TASKS[m.kind] + (["chat"] if chats(m) else []),
         attention=m.facts.normaliser,
         attention_settings=m.facts.attention_settings,
-        parameters=sum(p.numel() for p in m.model.parameters()),
+        parameters=m.facts.parameters,
         layers=m.facts.layers,
         heads=m.facts.heads,
         context_length=m.facts.context_length,

@@ -97,3 +97,13 @@ def prepacked_copy(model: nn.Module) -> nn.Module:
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     packed = replace_linears(copy.deepcopy(model, shared), PrepackedLinear)
     return replace_linears(packed, PrepackedInt8Linear, kind=WeightOnlyInt8Linear)
+
+
+def adopt_prepacked(model: nn.Module, prepacked: nn.Module) -> None:
+    """The model's nn.Linear layers become `prepacked_copy(model)`'s layers in their place: the model then runs as
+    its copy does, and its plain weights, read by nothing else once the compiler is done, are freed."""
+    plain = dict(model.named_modules())
+    for name, layer in prepacked.named_modules():
+        if isinstance(layer, PrepackedLinear) and isinstance(plain.get(name), nn.Linear):
+            parent, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(parent), attribute, layer)

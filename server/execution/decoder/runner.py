@@ -44,6 +44,7 @@ class GPTRunner:
             normaliser=c.softmax,
             attention_settings=c.attention_settings(),
             config=c.to_dict(),
+            parameters=sum(p.numel() for p in model.parameters()),
         )
         self.device = next(model.parameters()).device
         check_ids = self.tokenizer.encode(CHECK_TEXT) if self.tokenizer is not None else None
@@ -87,6 +88,9 @@ class GPTRunner:
     def attention(self, ids: list[int]) -> list[torch.Tensor]:
         out = self.model(torch.tensor([ids], device=self.device), return_attention=True)
         return [a[0] for a in out.attentions]
+
+    def compiler_done(self) -> None:
+        self.step.traced_no_more()
 
     def compile_passes(self, max_rows: int) -> list[Pass]:
         """The decode step's regional graphs, quick to build, its smallest bucket first, then the prompts' pass
