@@ -66,7 +66,7 @@ class ServedModel:
 def compiler_imports() -> None:
     """Import inductor and let it probe the CPU's vector instructions (C++ test builds, ~1.5 s) while the models
     load: the first compiled pass loaded from the cache waited ~3 s for them, a third of a warm start."""
-    from torch._inductor import compile_fx, cpu_vec_isa  # noqa: F401
+    from torch._inductor import cpu_vec_isa
 
     cpu_vec_isa.valid_vec_isa_list()
 
