@@ -71,13 +71,22 @@ def test_a_pass_that_does_not_package_is_compiled_in_process_and_not_kept(tmp_pa
     assert not compiler.artifact(1).exists()
 
 
-def test_the_draft_check_is_packaged_too(tmp_path):
+def test_the_draft_check_is_packaged_too(tmp_path, monkeypatch):
     """Its graph is frozen (the C++ GEMM template's rows), so it is kept as a package, checked against eager on
-    a real request's inputs like every pass."""
+    a real request's inputs like every pass; the template's sources are compiled once per package, not once per
+    product."""
+    import torch._inductor.kernel  # noqa: F401  # its modules compile their own templates once, at import
+    from torch._inductor.codegen.common import KernelTemplate
+
+    sources, compile_source = [], KernelTemplate._template_from_string
+    monkeypatch.setattr(
+        KernelTemplate, "_template_from_string", staticmethod(lambda s: sources.append(s) or compile_source(s))
+    )
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128), None, 2)
     compiler = BackgroundCompiler([Pass(runner.verifier, VerifyPass.BUCKET)], tmp_path, "key", name="tiny")
     compiler.run()
     assert compiler.states() == {"VerifyPass_1x4": "built"}
+    assert sources and len(sources) == len(set(sources)), f"{len(sources)} compiles of {len(set(sources))} sources"
     assert compiler.artifact(VerifyPass.BUCKET).suffix == ".pt2" and compiler.artifact(VerifyPass.BUCKET).exists()
 
 

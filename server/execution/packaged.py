@@ -13,6 +13,7 @@ says how to export it (`exported`) and a cache folder is set; without one it com
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import zipfile
@@ -62,7 +63,7 @@ def package(target: Exportable, bucket: Hashable, path: Path, settings: dict) ->
             module, args, shapes = target.exported(bucket)
             program = torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)  # (shapes,): *inputs
             configs = {**settings, **CONSTANTS_BESIDE}
-            with distinct_constant_names():
+            with distinct_constant_names(), templates_compiled_once():
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
     finally:
         # torch 2.13's tracer keeps the last traced graph's nodes in this map (for export's leak report) until the
@@ -92,6 +93,21 @@ def distinct_constant_names() -> Iterator[None]:
         yield
     finally:
         GraphLowering.allocate_non_dup_const_name = allocate
+
+
+@contextlib.contextmanager
+def templates_compiled_once() -> Iterator[None]:
+    """torch 2.13's C++ GEMM template compiles its jinja sources again for every product it renders (a 30-layer
+    step renders ~200; a sixth of a package's Python): meanwhile each source is compiled once. The same kernels,
+    ~12 s less a package of SmolLM2-135M (docs/BENCHMARKS.md, "Start-up")."""
+    from torch._inductor.codegen.common import KernelTemplate  # inductor's, imported when a package is built
+
+    compile_source = KernelTemplate._template_from_string
+    KernelTemplate._template_from_string = staticmethod(functools.lru_cache(maxsize=None)(compile_source))
+    try:
+        yield
+    finally:
+        KernelTemplate._template_from_string = staticmethod(compile_source)
 
 
 class SharedConstants:
