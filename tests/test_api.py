@@ -180,13 +180,30 @@ def test_bearer_auth(store):
 
 
 def test_full_queue_answers_429_with_retry_after(store):
+    """A batch of one running and a queue of one waiting: the next requests get 429, the two admitted finish. The
+    compute thread is held between two steps while they arrive (six sent at once, the queue's one could be the
+    first request itself, and a tiny model's 40 tokens can end before the others are sent)."""
+    import threading
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     settings = Settings(store=store, max_batch_size=1, max_queue=1, max_new_tokens_cap=40)
-    with TestClient(create_app(settings)) as c:
+    app = create_app(settings)
+    with TestClient(app) as c:
+        registry = app.state.registry
+        engine, held = registry.get("tiny-gpt").engine, threading.Event()
         req = {"inputs": "The castle", "parameters": {"max_new_tokens": 40, "eos_bias": -1e9}}
         with ThreadPoolExecutor(6) as pool:
-            responses = list(pool.map(lambda _: c.post("/generate", json=req), range(6)))
+            first = pool.submit(c.post, "/generate", json=req)
+            while engine.stats.running == 0 and not first.done():
+                time.sleep(0.001)
+            registry.compute.submit(held.wait)  # before its next step, or idle once it has ended
+            rest = [pool.submit(c.post, "/generate", json=req) for _ in range(5)]
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in rest) < 4 and time.monotonic() < deadline:  # the refused answer at once
+                time.sleep(0.01)
+            held.set()
+            responses = [first.result(), *(f.result() for f in rest)]
     codes = sorted(r.status_code for r in responses)
     assert codes.count(200) >= 2 and 429 in codes and set(codes) <= {200, 429}
     busy = next(r for r in responses if r.status_code == 429)
