@@ -5,8 +5,8 @@
 Starts `python -m server` over the shipped store (or --store; every checkpoint unless --models) with an empty
 compile cache and inductor cache (fresh temporary folders; or both in --cache-dir: empty the first time, a warm
 start the next), then
-sends one 64-token greedy completion to the default model every --every seconds, one at a time,
-until /health lists nothing loading or compiling (or --max-s). Reports /health's time, when every
+sends one 64-token greedy completion to the default model every --every seconds, one at a time (--every 0: none,
+/health polled every 0.5 s: a start alone), until /health lists nothing loading or compiling (or --max-s). Reports /health's time, when every
 model had loaded, the completions' latency while compiling and after, when compiling ended, what the
 server logged per compiled pass, and the resident memory of the server's process and its children (inductor's
 compile workers) when ready and when done, and the most the server's process held (VmHWM). Run it on an idle
@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=STORE_ROOT, help="the model store to serve")
     parser.add_argument("--models", default=None, help="comma-separated model ids (default: the whole store)")
     parser.add_argument("--max-s", type=float, default=900, help="stop timing after this many seconds")
-    parser.add_argument("--every", type=float, default=2.0, help="seconds between completions while compiling")
+    parser.add_argument(
+        "--every", type=float, default=2.0, help="seconds between completions while compiling (0: none until it ends)"
+    )
     parser.add_argument("--cache-dir", default=None, help="compile cache to use (default: a fresh empty one)")
     parser.add_argument("--env", action="append", default=[], help="extra server setting, KEY=VALUE (repeatable)")
     args = parser.parse_args()
@@ -81,15 +83,16 @@ def main() -> None:
             compiled_s = loaded_s = None
             while time.monotonic() - t0 < args.max_s:
                 t = time.monotonic()
-                completed(client, base, proc)
-                during.append((t - t0, time.monotonic() - t))
+                if args.every > 0:
+                    completed(client, base, proc)
+                    during.append((t - t0, time.monotonic() - t))
                 health = client.get(f"{base}/health").json()
                 if loaded_s is None and not health["loading"]:
                     loaded_s = time.monotonic() - t0
                 if not health["loading"] and not health["compiling"]:
                     compiled_s = time.monotonic() - t0
                     break
-                time.sleep(max(0.0, args.every - (time.monotonic() - t)))
+                time.sleep(max(0.0, (args.every or 0.5) - (time.monotonic() - t)))
             after = []
             for _ in range(5):
                 t = time.monotonic()
@@ -101,7 +104,6 @@ def main() -> None:
 
     builds = re.findall(r"compiled (\S+) in ([\d.]+) s", log)
     latencies = [lat for _, lat in during]
-    first = during[0][1]
     print(f"models: {', '.join(models)}")
     print(f"compiled passes: {len(builds)}, {sum(float(s) for _, s in builds):.0f} s of building in all")
     for name, s in builds:
@@ -111,19 +113,20 @@ def main() -> None:
     print("|---|---|")
     print(f"| /health 200 after | {health_s:.1f} s |")
     print(f"| every model loaded after (first /health that lists none loading) | {loaded_s or float('nan'):.1f} s |")
-    print(f"| first 64-token completion (right after /health) | {first:.2f} s |")
-    print(
-        f"| 64-token completions while compiling (n={len(latencies)}): median / p90 / max | "
-        f"{statistics.median(latencies):.2f} / {sorted(latencies)[int(0.9 * (len(latencies) - 1))]:.2f} / "
-        f"{max(latencies):.2f} s |"
-    )
-    slow = [round(at) for at, lat in during if lat > 0.5]
-    print(f"| completions over 0.5 s while compiling | {len(slow)} of {len(latencies)} (at {slow[:12]} s) |")
-    windows: dict[int, list[float]] = {}
-    for at, lat in during:
-        windows.setdefault(int(at // 10) * 10, []).append(lat)
-    timeline = ", ".join(f"{w}s {max(lats):.2f}" for w, lats in sorted(windows.items()))
-    print(f"| slowest completion per 10 s since start | {timeline} |")
+    if latencies:
+        print(f"| first 64-token completion (right after /health) | {latencies[0]:.2f} s |")
+        print(
+            f"| 64-token completions while compiling (n={len(latencies)}): median / p90 / max | "
+            f"{statistics.median(latencies):.2f} / {sorted(latencies)[int(0.9 * (len(latencies) - 1))]:.2f} / "
+            f"{max(latencies):.2f} s |"
+        )
+        slow = [round(at) for at, lat in during if lat > 0.5]
+        print(f"| completions over 0.5 s while compiling | {len(slow)} of {len(latencies)} (at {slow[:12]} s) |")
+        windows: dict[int, list[float]] = {}
+        for at, lat in during:
+            windows.setdefault(int(at // 10) * 10, []).append(lat)
+        timeline = ", ".join(f"{w}s {max(lats):.2f}" for w, lats in sorted(windows.items()))
+        print(f"| slowest completion per 10 s since start | {timeline} |")
     done = f"{compiled_s:.0f} s" if compiled_s is not None else f"not within {args.max_s:.0f} s"
     print(f"| compiling ended after (seen between completions) | {done} |")
     for name, passes, s in re.findall(r"(\S+) at full speed: all (\d+) passes compiled in (\d+) s", log):
