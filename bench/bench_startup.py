@@ -4,13 +4,12 @@
 
 Starts `python -m server` over the shipped store (or --store; every checkpoint unless --models) with an empty
 compile cache and inductor cache (fresh temporary folders; or both in --cache-dir: empty the first time, a warm
-start the next), then
-sends one 64-token greedy completion to the default model every --every seconds, one at a time (--every 0: none,
-/health polled every 0.5 s: a start alone), until /health lists nothing loading or compiling (or --max-s). Reports /health's time, when every
-model had loaded, the completions' latency while compiling and after, when compiling ended, what the
-server logged per compiled pass, and the resident memory of the server's process and its children (inductor's
-compile workers) when ready and when done, and the most the server's process held (VmHWM). Run it on an idle
-machine: compiling is CPU work.
+start the next), then sends one 64-token greedy completion to the default model every --every seconds, one at a
+time (--every 0: none, /health polled every 0.5 s: a start alone), until /health lists nothing loading or
+compiling (or --max-s). Reports /health's time, when every model had loaded, the completions' latency while
+compiling and after, when compiling ended, what the server logged per compiled pass, and the resident memory of
+the server's process and its children (inductor's compile workers) when ready and when done (after five
+completions), and the most the server's process held (VmHWM). Run it on an idle machine: compiling is CPU work.
 """
 
 from __future__ import annotations
