@@ -144,13 +144,12 @@ class SharedConstants:
 
     def shared(self, tensor: torch.Tensor, digest: str | None = None) -> torch.Tensor:
         """The kept tensor equal to `tensor`, or `tensor`, kept from now on (`digest`: its content_digest, if known)."""
-        alike = self._alike.setdefault(tensor_meta(tensor), [])
-        for entry in alike:
-            entry[0] = entry[0] or content_digest(entry[1])
+        meta = tensor_meta(tensor)
+        if self._alike.get(meta):  # a digest only where another tensor of the layout is kept
             digest = digest or content_digest(tensor)
-            if entry[0] == digest and torch.equal(entry[1], tensor):
-                return entry[1]
-        alike.append([digest, tensor])
+            if (kept := self._with_digest(meta, digest)) is not None and torch.equal(kept, tensor):
+                return kept
+        self._alike.setdefault(meta, []).append([digest, tensor])
         return tensor
 
     def from_model(self, tensor: torch.Tensor) -> bool:
@@ -160,7 +159,11 @@ class SharedConstants:
     def held(self, noted: list, digest: str) -> torch.Tensor | None:
         """The kept tensor of this layout (`noted_meta`'s, as JSON gives it back) and digest, if there is one."""
         dtype, shape, stride = noted
-        for entry in self._alike.get((getattr(torch, dtype), tuple(shape), tuple(stride)), []):
+        return self._with_digest((getattr(torch, dtype), tuple(shape), tuple(stride)), digest)
+
+    def _with_digest(self, meta: tuple, digest: str) -> torch.Tensor | None:
+        """The kept tensor of this layout whose bytes have this digest (each one's computed once, when asked)."""
+        for entry in self._alike.get(meta, []):
             entry[0] = entry[0] or content_digest(entry[1])
             if entry[0] == digest:
                 return entry[1]

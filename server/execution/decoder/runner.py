@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from models.gpt import GPT
 from server.config import default
 from server.execution.compiler import Pass
+from server.execution.decoder.prepacked import adopt_prepacked
 from server.execution.decoder.prompt_pass import PromptPass
 from server.execution.decoder.step import CHECK_TEXT, DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
@@ -90,7 +91,9 @@ class GPTRunner:
         return [a[0] for a in out.attentions]
 
     def compiler_done(self) -> None:
-        self.step.traced_no_more()
+        """The plain model's linear layers become the eager model's prepacked ones: only tracing, export and the check
+        read the plain weights, a copy of them (docs/BENCHMARKS.md, "Memory")."""
+        adopt_prepacked(self.model, self.step.eager_model)
 
     def compile_passes(self, max_rows: int) -> list[Pass]:
         """The decode step's regional graphs, quick to build, its smallest bucket first, then the prompts' pass

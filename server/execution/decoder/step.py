@@ -31,7 +31,7 @@ from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.execution.compiler import buckets, template_serves
 from server.execution.decoder.cuda_graphs import CUDAGraphs
-from server.execution.decoder.prepacked import adopt_prepacked, prepacked_copy
+from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.packaged import WholePass
 from server.execution.runner import StepOutput
@@ -230,12 +230,6 @@ class DecodeStep:
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
-
-    def traced_no_more(self) -> None:
-        """The compiler is done (or will not run): the plain model's linear layers become the eager model's
-        prepacked ones, and the plain copy of the weights, which only tracing, export and the check read, is
-        freed (docs/BENCHMARKS.md, "Memory")."""
-        adopt_prepacked(self.model, self.eager_model)
 
     def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
         """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
