@@ -4,7 +4,7 @@ linear layers.
 
     .venv/bin/python bench/bench_cpu_gemm.py [--rows 1,8,32] [--rounds 5]
 
-What server/execution/compiler.py's `template_serves` rests on (on an AVX2 EPYC, MKL's float32 GEMM took 1.7-2.9x
+What server/execution/kernel_choice.py's `template_serves` rests on (on an AVX2 EPYC, MKL's float32 GEMM took 1.7-2.9x
 the template's time at 8-32 rows). Each variant is compiled once, then the rounds alternate between them;
 prints the median ms per chain call and each round's figure. Run it on an idle machine.
 """

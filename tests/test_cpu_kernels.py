@@ -10,8 +10,9 @@ import torch
 
 from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
-from server.execution.compiler import TEMPLATE_GEMM_MAX_ROWS, BackgroundCompiler, inductor_settings
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
+from server.execution.kernel_choice import TEMPLATE_GEMM_MAX_ROWS, inductor_settings
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import started
 
@@ -63,7 +64,7 @@ def prepacked_code():
     try:
         engine.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
         with pytest.MonkeyPatch.context() as monkeypatch:
-            monkeypatch.setattr("server.execution.compiler.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
+            monkeypatch.setattr("server.execution.kernel_choice.TEMPLATE_GEMM_MAX_ROWS", 0)  # a bucket of oneDNN's rows
             emulate_cpu(monkeypatch, AVX512_BF16)  # where the prepacked layers serve many rows (float32: MKL's)
             return generated_code(engine)[1]
     finally:

@@ -33,7 +33,7 @@ SERVER_LAYERS = [
 # inside a folder, lowest first: the same rule one level down
 FOLDER_LAYERS = {
     "execution": [
-        {"graph_call", "compute_thread", "step_check"},
+        {"graph_call", "compute_thread", "step_check", "kernel_choice"},
         {"packaged", "compile_cache"},
         {"compiler"},
         {"runner", "encoder_step"},

@@ -5,9 +5,10 @@ import torch
 
 from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
-from server.execution.compiler import BackgroundCompiler, Pass, inductor_settings
+from server.execution.compiler import BackgroundCompiler, Pass
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.verify_pass import VerifyPass
+from server.execution.kernel_choice import inductor_settings
 from server.execution.runner import right_padded
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started

@@ -67,6 +67,48 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
         torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.compile
+def test_the_buckets_of_several_rows_share_one_regional_graph_kept_once(tmp_path, monkeypatch):
+    """Over prepacked layers one regional graph, its rows dynamic, serves every bucket of 2 or more rows: traced
+    and built once, kept once, and at a restart loaded once and checked on each bucket's inputs, each giving the
+    eager step's tokens."""
+    emulate_cpu(monkeypatch, AVX2)  # float32 prepacked, as bf16 is where oneDNN computes it
+
+    def outputs(step: DecodeStep, rows: int):
+        with torch.inference_mode():
+            inputs = step.inputs(rows, 16)
+            for t in inputs[5:]:
+                t.normal_(generator=torch.Generator().manual_seed(rows))
+            inputs[0][:, 0] = torch.arange(rows) * 11 % 97
+            inputs[1][:, 0] = torch.arange(rows) * 3 % 14 + 1
+            return step.regional(*inputs), step.compiled[rows](*inputs)
+
+    passes = [(1, True), (8, True), (2, True), (4, True)]
+    first = DecodeStep(tiny_gpt(vocab_size=97, context_length=64, n_layer=2), 8)
+    traced = tracing(monkeypatch)
+    built = BackgroundCompiler([Pass(first, *p) for p in passes], tmp_path, "key", name="tiny")
+    for rows, _ in passes:
+        first.compiled[rows] = built.build(rows, regional=True)
+    assert len(traced) == 2  # one row's graph, then the shared one
+    assert first.compiled[2] is first.compiled[4] is first.compiled[8] is not first.compiled[1]
+    assert [b for b in (1, 2, 4, 8) if built.artifact(b, True).exists()] == [1, 8]
+    for rows in (2, 4, 8):
+        want, got = outputs(first, rows)
+        assert got[0].tolist() == want[0].tolist()
+        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
+
+    def never(*args, **kwargs):
+        raise AssertionError("traced at the restart")
+
+    monkeypatch.setattr(torch, "compile", never)
+    step = DecodeStep(tiny_gpt(vocab_size=97, context_length=64, n_layer=2), 8)  # the same weights, new tensors
+    restarted = BackgroundCompiler([Pass(step, *p) for p in passes], tmp_path, "key", name="tiny")
+    restarted.run()
+    assert set(restarted.states().values()) == {"built"} and step.compiled[2] is step.compiled[8]
+    want, got = outputs(step, 4)
+    assert got[0].tolist() == want[0].tolist()
+
+
 def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_the_limit():
     """Until a bucket is built, its rows run on the smallest larger built bucket, padded at most
     `padding_limit` times (the CPU's 4; CUDA's any), with the tokens and logprobs of their own."""

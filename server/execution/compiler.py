@@ -10,7 +10,8 @@ class reads its own dict at every call, on the compute thread, and serves a buck
 
 A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
-layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build. Whole, on the
+layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build; over those
+layers one graph serves every decode bucket of 2 or more rows (`shared_graph`, the rows dynamic). Whole, on the
 CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs, and oneDNN's linear
 layers take their bias and activation: slower to build, and a copy of the weights, so only a bucket the template
 serves (DecodeStep.freezes) is then built whole too, its frozen graph replacing the regional one: compiled steps
@@ -44,7 +45,6 @@ from typing import NamedTuple, Protocol
 import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
-from models import cpu
 from server.execution.compile_cache import load_kept, save
 from server.execution.compute_thread import (
     inductor_on_one_thread,
@@ -53,6 +53,7 @@ from server.execution.compute_thread import (
     settle_garbage,
 )
 from server.execution.graph_call import GraphCapture, model_tensors, skipping_guards
+from server.execution.kernel_choice import PREPACKED, inductor_settings
 from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, disagreement
 
@@ -84,34 +85,6 @@ class Compilable(Protocol):
     def matmul_rows(self, bucket: Hashable) -> int | None:
         """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
         ...
-
-
-# On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
-# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32); above it
-# the prepacked layers win. Without AVX-512 the template wins at every row count: MKL's float32 GEMM is slower
-# there, and oneDNN has no bf16 (docs/BENCHMARKS.md, "Why these paths"). The template is the only choice
-# offered, so nothing is benchmarked at compile time.
-TEMPLATE_GEMM_MAX_ROWS = 4
-PREPACKED = {"freezing": True}
-
-
-def template_serves(rows: int | None) -> bool:
-    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
-    that vary at run time, which the prepacked layers take: the template would need a choice for the
-    attention's batched products too)."""
-    return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
-
-
-def inductor_settings(device: torch.device, rows: int | None) -> dict:
-    """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
-    set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
-    the freezing decision was made, and the weights stay graph inputs (no prepacked linear appears in the
-    graph)."""
-    if device.type == "cuda":
-        return {}
-    if template_serves(rows):
-        return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
-    return dict(PREPACKED)
 
 
 def own_code(fn: Callable, name: str) -> Callable:
@@ -171,6 +144,9 @@ class BackgroundCompiler:
         on_disk = {p.bucket for p in self.passes if self.packages(*p[1:]) and self.artifact(p.bucket).exists()}
         self.passes = [p for p in self.passes if not (p.regional and p.bucket in on_disk)]
         self.constants = SharedConstants()  # what the model's packages bind: one packed copy of its weights
+        # (target's class, `shared_graph` key) -> the regional graph several of its buckets share; None where
+        # that graph failed to build (each bucket then builds its own)
+        self.shared: dict[tuple[str, Hashable], Callable | None] = {}
         self.failed: dict[str, str] = {}  # pass label -> why it was not built
         self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
         self.building: str | None = None  # the pass label being built
@@ -319,7 +295,11 @@ class BackgroundCompiler:
         """A kept pass, unchecked (it passed when built): its graph bound by the inputs kept beside it (nothing is
         traced), or, for a pass called through dynamo, compiled again from inductor's artifacts it holds."""
         bound = load_kept(saved, self.weights(bucket, regional))
-        return bound if bound is not None else self.checked(bucket, regional, check=False)
+        if bound is None:
+            return self.checked(bucket, regional, check=False)
+        if regional and (shared := self.shared_key(bucket)) is not None:
+            self.shared.setdefault(shared, bound)  # the later buckets that share it are checked on it
+        return bound
 
     def weights(self, bucket: Hashable, regional: bool) -> dict[str, torch.Tensor]:
         """The tensors the pass's function reads by name: graph inputs a direct call binds."""
@@ -332,14 +312,20 @@ class BackgroundCompiler:
         target = self.targets[bucket]
         matching = self.matching if check else lambda bucket, reference, compiled: compiled
         if regional:  # inductor's defaults: nothing frozen, the products the eager model's (prepacked on the CPU)
+            shared = self.shared_key(bucket)
+            if self.shared.get(shared) is not None:  # built for an earlier bucket: checked on this one's inputs
+                return matching(bucket, target.regional, self.shared[shared])
             try:
-                compiled = self.compile(bucket, {}, regional=True)
+                compiled = self.regional_graph(bucket, shared)
             except Exception as e:
                 # torch specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
                 # is built whole): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket, check=check)
-            return matching(bucket, target.regional, compiled)
+            compiled = matching(bucket, target.regional, compiled)
+            if shared is not None:
+                self.shared.setdefault(shared, compiled)
+            return compiled
         settings = inductor_settings(target.device, target.matmul_rows(bucket))
         fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
@@ -352,6 +338,22 @@ class BackgroundCompiler:
             compiled = self.compile(bucket, fallback)
         return matching(bucket, target.traced, compiled)
 
+    def shared_key(self, bucket: Hashable) -> tuple[str, Hashable] | None:
+        """The regional graph the bucket shares with others of its target (`shared_graph`), or None: its own."""
+        target = self.targets[bucket]
+        key = target.shared_graph(bucket) if hasattr(target, "shared_graph") else None
+        return None if key is None else (type(target).__name__, key)
+
+    def regional_graph(self, bucket: Hashable, shared: tuple[str, Hashable] | None) -> Callable[..., torch.Tensor]:
+        """The bucket's regional graph: the one it shares where it has one (failing that, once, its own)."""
+        if shared is not None and shared not in self.shared:
+            try:
+                return self.compile(bucket, {}, regional=True, shared=True)
+            except Exception as e:
+                self.shared[shared] = None
+                log.warning("%s: no graph shared by its buckets (%s); one of its own", self.label(bucket, True), e)
+        return self.compile(bucket, {}, regional=True)
+
     def matching(self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor]) -> Callable:
         """compiled, where on a real request's inputs it gives the reference's next-token distribution, run
         eagerly (the same kernels) in the same dtype (`disagreement`)."""
@@ -362,9 +364,10 @@ class BackgroundCompiler:
             raise StepMismatchError(why)
         return compiled
 
-    def compile(self, bucket: Hashable, settings: dict, regional: bool = False) -> Callable[..., torch.Tensor]:
+    def compile(self, bucket: Hashable, settings: dict, regional: bool = False, shared: bool = False) -> Callable:
         """The bucket's compiled function (the first call compiles it on scratch inputs; the engine calls it
-        directly, the weights bound where they are graph inputs)."""
+        directly, the weights bound where they are graph inputs). shared: the graph its target's buckets share,
+        traced on inputs whose shared dimension is dynamic."""
         target = self.targets[bucket]
         fn = own_code(target.regional if regional else target.traced, self.label(bucket, regional))
         # inductor's defaults; on CUDA no mode="reduce-overhead": the compute thread captures the CUDA graphs
@@ -374,7 +377,7 @@ class BackgroundCompiler:
             capture, config["cpp.threads"] = GraphCapture(inductor_on_one_thread), self.threads
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
-            example = target.example(bucket)
+            example = target.example(bucket, shared=True) if shared else target.example(bucket)
         with torch._inductor.config.patch(config):
             output = compiled(*example)
         weights = self.weights(bucket, regional) if target.device.type == "cpu" else None

@@ -29,10 +29,11 @@ from model_store import GPT
 from models.kv_cache import StaticKVCache
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
-from server.execution.compiler import buckets, template_serves
+from server.execution.compiler import buckets
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.decoder.regional import regional_copy
+from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 from server.execution.runner import StepOutput
 
@@ -247,7 +248,7 @@ class DecodeStep:
 
     def freezes(self, rows: int) -> bool:
         """Whether the bucket gets a whole frozen graph after its regional one: on the CPU where its products run in
-        inductor's C++ GEMM template (compiler.py, `template_serves`), which needs frozen weights and beats the
+        inductor's C++ GEMM template (kernel_choice.py, `template_serves`), which needs frozen weights and beats the
         regional step. Above, both run the prepacked linear layers and the frozen graph was no faster, for a copy
         of the weights and a long build (docs/BENCHMARKS.md, "Compiling")."""
         return self.device.type == "cpu" and template_serves(self.matmul_rows(rows))
@@ -255,8 +256,18 @@ class DecodeStep:
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row
 
-    def example(self, rows: int) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read."""
+    def shared_graph(self, rows: int) -> str | None:
+        """The regional graph a bucket shares: where the products are the prepacked layers' (an opaque op whose
+        kernel takes any rows), every bucket of 2 or more rows one graph, its rows a dynamic dimension: one build
+        for them all, and no slower (docs/BENCHMARKS.md, "Compiling"). One row is its own (torch specialises a size
+        of 1); so is every bucket elsewhere: over aten's float32 products (AVX-512) torch 2.13 specialises the
+        rows inside the blocks' region, and CUDA's were not measured."""
+        several = sum(b > 1 for b in self.row_buckets) > 1
+        return "rows" if rows > 1 and several and self.eager_model is not self.model else None
+
+    def example(self, rows: int, shared: bool = False) -> tuple[torch.Tensor, ...]:
+        """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read.
+        shared: the rows dynamic, from 2 to the largest bucket (`shared_graph`)."""
         generator = torch.Generator(device=self.device).manual_seed(0)
         # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
         # fail on the compute thread and recompile there, on the request path
@@ -273,6 +284,9 @@ class DecodeStep:
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
+        if shared:
+            for t in (tokens, positions, eos_bias, allowed, *full):
+                torch._dynamo.mark_dynamic(t, 0, min=2, max=self.max_rows)
         return tokens, positions, eos_bias, allowed, span, *full
 
     def exported(self, rows: int) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:

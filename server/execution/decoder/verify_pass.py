@@ -3,7 +3,7 @@ KV cache, with the greedy choice after each (speculative decoding's verification
 
 A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
-GEMM template's (compiler.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
+GEMM template's (kernel_choice.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
 product's batched matmul of several queries has no template choice (inductor raised NoValidChoicesError, and
 the build fell back to MKL's products, the slowest on AVX2 CPUs: docs/BENCHMARKS.md, "Why these paths"). One
 graph, the key columns dynamic as the decode step's, built on the CPU after the decode buckets; until it is built

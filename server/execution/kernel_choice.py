@@ -1,0 +1,35 @@
+"""Which kernels inductor builds a step's matrix products with, by the rows they have and what the CPU has
+(compiler.py reads it for every whole build; DecodeStep.freezes for which buckets get a whole, frozen graph)."""
+
+from __future__ import annotations
+
+import torch
+
+from models import cpu
+
+# On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
+# template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32); above it
+# the prepacked layers win. Without AVX-512 the template wins at every row count: MKL's float32 GEMM is slower
+# there, and oneDNN has no bf16 (docs/BENCHMARKS.md, "Why these paths"). The template is the only choice
+# offered, so nothing is benchmarked at compile time.
+TEMPLATE_GEMM_MAX_ROWS = 4
+PREPACKED = {"freezing": True}
+
+
+def template_serves(rows: int | None) -> bool:
+    """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
+    that vary at run time, which the prepacked layers take: the template would need a choice for the
+    attention's batched products too)."""
+    return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
+
+
+def inductor_settings(device: torch.device, rows: int | None) -> dict:
+    """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
+    set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
+    the freezing decision was made, and the weights stay graph inputs (no prepacked linear appears in the
+    graph)."""
+    if device.type == "cuda":
+        return {}
+    if template_serves(rows):
+        return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    return dict(PREPACKED)
