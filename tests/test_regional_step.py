@@ -70,8 +70,8 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
 @pytest.mark.compile
 def test_the_buckets_of_several_rows_share_one_regional_graph_kept_once(tmp_path, monkeypatch):
     """Over prepacked layers one regional graph, its rows dynamic, serves every bucket of 2 or more rows: traced
-    and built once, kept once, and at a restart loaded once and checked on each bucket's inputs, each giving the
-    eager step's tokens."""
+    and built once, checked on each bucket's inputs, kept once (the other buckets a mark that they passed), and
+    at a restart loaded once, nothing traced or checked, each bucket giving the eager step's tokens."""
     emulate_cpu(monkeypatch, AVX2)  # float32 prepacked, as bf16 is where oneDNN computes it
 
     def outputs(step: DecodeStep, rows: int):
@@ -92,15 +92,20 @@ def test_the_buckets_of_several_rows_share_one_regional_graph_kept_once(tmp_path
     assert len(traced) == 2  # one row's graph, then the shared one
     assert first.compiled[2] is first.compiled[4] is first.compiled[8] is not first.compiled[1]
     assert [b for b in (1, 2, 4, 8) if built.artifact(b, True).exists()] == [1, 8]
+    assert sorted(p.name for p in tmp_path.rglob("*.shared")) == [
+        "DecodeStep_2_regional.shared",
+        "DecodeStep_4_regional.shared",
+    ]
     for rows in (2, 4, 8):
         want, got = outputs(first, rows)
         assert got[0].tolist() == want[0].tolist()
         torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
 
     def never(*args, **kwargs):
-        raise AssertionError("traced at the restart")
+        raise AssertionError("traced or checked at the restart")
 
     monkeypatch.setattr(torch, "compile", never)
+    monkeypatch.setattr(BackgroundCompiler, "matching", never)
     step = DecodeStep(tiny_gpt(vocab_size=97, context_length=64, n_layer=2), 8)  # the same weights, new tensors
     restarted = BackgroundCompiler([Pass(step, *p) for p in passes], tmp_path, "key", name="tiny")
     restarted.run()

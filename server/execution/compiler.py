@@ -282,13 +282,19 @@ class BackgroundCompiler:
                 return self.loaded(bucket, regional, saved)
             except Exception as e:  # e.g. a file cut short: built again
                 log.warning("%s: could not load %s (%s); built again", self.label(bucket, regional), saved, e)
+        # a bucket that passed its check on the graph it shares (kept with an earlier bucket's) has a mark instead
+        shared, mark = self.shared.get(self.shared_key(bucket)), saved and saved.with_suffix(".shared")
+        if regional and shared is not None and mark is not None and mark.exists():
+            return shared
         with CacheArtifactManager.with_fresh_cache():
             compiled = self.checked(bucket, regional)
-            if saved is not None and (artifacts := torch.compiler.save_cache_artifacts()):
-                try:
+            try:
+                if saved is not None and (artifacts := torch.compiler.save_cache_artifacts()):
                     save(compiled, artifacts, saved)
-                except (OSError, RuntimeError) as e:  # e.g. a read-only file system: only the cache is lost
-                    log.warning("could not cache %s: %s", saved, e)
+                elif mark is not None and regional and compiled is self.shared.get(self.shared_key(bucket)):
+                    mark.touch()
+            except (OSError, RuntimeError) as e:  # e.g. a read-only file system: only the cache is lost
+                log.warning("could not cache %s: %s", saved, e)
         return compiled
 
     def loaded(self, bucket: Hashable, regional: bool, saved: Path) -> Callable[..., torch.Tensor]:
