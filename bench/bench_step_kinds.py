@@ -1,12 +1,14 @@
-"""One decode step (or, with --prompts, the prompts' pass) of a checkpoint three ways: eager, regional and frozen,
-its time and what each build adds to resident memory.
+"""One decode step (or, with --prompts, the prompts' pass) of a checkpoint several ways, its time and what each
+build adds to resident memory.
 
     .venv/bin/python bench/bench_step_kinds.py FOLDER [--dtype bfloat16] [--rows 1,8] [--prompts]
+        [--kinds eager,regional,own,frozen]
 
-Each row count's step (prefill group) is built regionally and whole (frozen) as the server's compiler builds it
-(each checked on a real request's inputs), then run 32 times (prefills: 5) three times on those inputs (median ms
-per call); resident memory (VmRSS) is read after each build. A prefill group is `rows` prompts of 89 tokens of
-English. Run it on an idle machine.
+Each row count's step (prefill group) is built as the server's compiler builds it (each checked on a real
+request's inputs): regional (the graph shared by the buckets of 2 or more rows where the server shares one, built
+for the first of them), own (a regional graph of the bucket's rows alone) and whole (frozen); then run 32 times
+(prefills: 5) three times on those inputs (median ms per call); resident memory (VmRSS) is read after each build.
+A prefill group is `rows` prompts of 89 tokens of English. Run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--prompts", action="store_true", help="the prompts' pass (one graph for every group)")
+    parser.add_argument("--kinds", default="eager,regional,own,frozen")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     model, tokenizer = load_gpt(args.folder, dtype=getattr(torch, args.dtype))
@@ -46,17 +49,22 @@ def main() -> None:
     target, calls = (runner.prompts, 5) if args.prompts else (runner.step, 32)
     print(f"loaded: {rss_mib():.0f} MiB resident")
     built_fns = {}
+    buckets = [None] if args.prompts else rows
+    shared = BackgroundCompiler([Pass(target, b, True) for b in buckets], None, "bench")  # as the server's
     for r in rows:
         bucket = None if args.prompts else r
-        for kind in ("eager", "regional", "frozen"):
+        for kind in args.kinds.split(","):
             t = time.perf_counter()
             if kind == "eager":
                 fn = target.uncompiled
             elif (bucket, kind) in built_fns:  # the prompts' one graph, built for the first group
                 fn = built_fns[bucket, kind]
+            elif kind == "regional":
+                fn = built_fns[bucket, kind] = shared.build(bucket, True)
             else:
-                compiler = BackgroundCompiler([Pass(target, bucket, kind == "regional")], None, "bench")
-                fn = built_fns[bucket, kind] = compiler.build(bucket, kind == "regional")
+                compiler = BackgroundCompiler([Pass(target, bucket, kind == "own")], None, "bench")
+                compiler.shared_key = lambda bucket: None  # a graph of its own
+                fn = built_fns[bucket, kind] = compiler.build(bucket, kind == "own")
             built = time.perf_counter() - t
             with torch.inference_mode():
                 inputs = prefill_group(runner, tokenizer, r) if args.prompts else runner.step.real_inputs(r)
