@@ -125,7 +125,8 @@ def test_stop_sequence_across_token_boundaries(engine):
 
 def test_a_stop_sequence_found_on_the_output_side_ends_the_request_in_the_engine(engine):
     """The text (and so the stop sequence) is found on the consumer's side; the engine then retires the
-    row within a step or two instead of running to max_new_tokens."""
+    row as a stop instead of running to max_new_tokens (how many steps it runs meanwhile depends on how soon the
+    consumer's thread runs: on a loaded machine more than a few)."""
     greedy = SamplingParams(max_new_tokens=60, temperature=0, eos_bias=float("-inf"))
     text = engine.generate(prompt(engine), greedy)[1].text
     stop = text[3:6]
@@ -134,7 +135,7 @@ def test_a_stop_sequence_found_on_the_output_side_ends_the_request_in_the_engine
     assert fin.reason == "stop_sequence" and fin.generated_tokens < 10
     engine.generate(prompt(engine), SamplingParams(max_new_tokens=1))  # the step after the stop has run
     assert engine.stats.finished["stop_sequence"] == stopped + 1  # retired as what the output side found
-    assert engine.stats.tokens_generated - before < fin.generated_tokens + 4  # not the 60 asked for
+    assert engine.stats.tokens_generated - before - 1 < 60  # not the 60 asked for (1: the request after)
 
 
 def test_text_is_made_on_the_consumers_thread_not_the_compute_thread(engine, monkeypatch):
