@@ -283,15 +283,16 @@ class BackgroundCompiler:
             except Exception as e:  # e.g. a file cut short: built again
                 log.warning("%s: could not load %s (%s); built again", self.label(bucket, regional), saved, e)
         # a bucket that passed its check on the graph it shares (kept with an earlier bucket's) has a mark instead
-        shared, mark = self.shared.get(self.shared_key(bucket)), saved and saved.with_suffix(".shared")
-        if regional and shared is not None and mark is not None and mark.exists():
-            return shared
+        key = self.shared_key(bucket) if regional else None
+        graph, mark = self.shared.get(key), saved and saved.with_suffix(".shared")
+        if graph is not None and mark is not None and mark.exists():
+            return graph
         with CacheArtifactManager.with_fresh_cache():
             compiled = self.checked(bucket, regional)
             try:
                 if saved is not None and (artifacts := torch.compiler.save_cache_artifacts()):
                     save(compiled, artifacts, saved)
-                elif mark is not None and regional and compiled is self.shared.get(self.shared_key(bucket)):
+                elif mark is not None and key is not None and compiled is self.shared.get(key):
                     mark.touch()
             except (OSError, RuntimeError) as e:  # e.g. a read-only file system: only the cache is lost
                 log.warning("could not cache %s: %s", saved, e)
@@ -303,8 +304,8 @@ class BackgroundCompiler:
         bound = load_kept(saved, self.weights(bucket, regional))
         if bound is None:
             return self.checked(bucket, regional, check=False)
-        if regional and (shared := self.shared_key(bucket)) is not None:
-            self.shared.setdefault(shared, bound)  # the later buckets that share it are checked on it
+        if regional and (key := self.shared_key(bucket)) is not None:
+            self.shared.setdefault(key, bound)  # the later buckets that share it are checked on it
         return bound
 
     def weights(self, bucket: Hashable, regional: bool) -> dict[str, torch.Tensor]:
@@ -318,19 +319,19 @@ class BackgroundCompiler:
         target = self.targets[bucket]
         matching = self.matching if check else lambda bucket, reference, compiled: compiled
         if regional:  # inductor's defaults: nothing frozen, the products the eager model's (prepacked on the CPU)
-            shared = self.shared_key(bucket)
-            if self.shared.get(shared) is not None:  # built for an earlier bucket: checked on this one's inputs
-                return matching(bucket, target.regional, self.shared[shared])
+            key = self.shared_key(bucket)
+            if self.shared.get(key) is not None:  # built for an earlier bucket: checked on this one's inputs
+                return matching(bucket, target.regional, self.shared[key])
             try:
-                compiled = self.regional_graph(bucket, shared)
+                compiled = self.regional_graph(bucket, key)
             except Exception as e:
                 # torch specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
                 # is built whole): one whole graph instead
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket, check=check)
             compiled = matching(bucket, target.regional, compiled)
-            if shared is not None:
-                self.shared.setdefault(shared, compiled)
+            if key is not None:
+                self.shared.setdefault(key, compiled)
             return compiled
         settings = inductor_settings(target.device, target.matmul_rows(bucket))
         fallback = PREPACKED if target.device.type == "cpu" else settings
@@ -350,13 +351,13 @@ class BackgroundCompiler:
         key = target.shared_graph(bucket) if hasattr(target, "shared_graph") else None
         return None if key is None else (type(target).__name__, key)
 
-    def regional_graph(self, bucket: Hashable, shared: tuple[str, Hashable] | None) -> Callable[..., torch.Tensor]:
+    def regional_graph(self, bucket: Hashable, key: tuple[str, Hashable] | None) -> Callable[..., torch.Tensor]:
         """The bucket's regional graph: the one it shares where it has one (failing that, once, its own)."""
-        if shared is not None and shared not in self.shared:
+        if key is not None and key not in self.shared:
             try:
                 return self.compile(bucket, {}, regional=True, shared=True)
             except Exception as e:
-                self.shared[shared] = None
+                self.shared[key] = None
                 log.warning("%s: no graph shared by its buckets (%s); one of its own", self.label(bucket, True), e)
         return self.compile(bucket, {}, regional=True)
 
