@@ -282,7 +282,8 @@ class BackgroundCompiler:
                 return self.loaded(bucket, regional, saved)
             except Exception as e:  # e.g. a file cut short: built again
                 log.warning("%s: could not load %s (%s); built again", self.label(bucket, regional), saved, e)
-        # a bucket that passed its check on the graph it shares (kept with an earlier bucket's) has a mark instead
+        # each bucket served by the graph its buckets share has a mark: the one it was built for beside its
+        # artifacts, the others (checked on it, kept with the first's) instead of them
         key = self.shared_key(bucket) if regional else None
         graph, mark = self.shared.get(key), saved and saved.with_suffix(".shared")
         if graph is not None and mark is not None and mark.exists():
@@ -292,7 +293,7 @@ class BackgroundCompiler:
             try:
                 if saved is not None and (artifacts := torch.compiler.save_cache_artifacts()):
                     save(compiled, artifacts, saved)
-                elif mark is not None and key is not None and compiled is self.shared.get(key):
+                if mark is not None and key is not None and compiled is self.shared.get(key):
                     mark.touch()
             except (OSError, RuntimeError) as e:  # e.g. a read-only file system: only the cache is lost
                 log.warning("could not cache %s: %s", saved, e)
@@ -304,8 +305,9 @@ class BackgroundCompiler:
         bound = load_kept(saved, self.weights(bucket, regional))
         if bound is None:
             return self.checked(bucket, regional, check=False)
-        if regional and (key := self.shared_key(bucket)) is not None:
-            self.shared.setdefault(key, bound)  # the later buckets that share it are checked on it
+        # the shared graph, where it was built for this bucket (not a graph of its own, built when sharing failed)
+        if regional and (key := self.shared_key(bucket)) is not None and saved.with_suffix(".shared").exists():
+            self.shared.setdefault(key, bound)
         return bound
 
     def weights(self, bucket: Hashable, regional: bool) -> dict[str, torch.Tensor]:
