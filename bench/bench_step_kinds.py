@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_store import load_gpt  # noqa: E402
 from server.execution.compiler import BackgroundCompiler, Pass  # noqa: E402
 from server.execution.decoder.runner import GPTRunner  # noqa: E402
+from server.execution.huge_pages import on_huge_pages  # noqa: E402
 from server.execution.runner import right_padded  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages, when a small market grew up beside the river. " * 4
@@ -45,6 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     model, tokenizer = load_gpt(args.folder, dtype=getattr(torch, args.dtype))
+    on_huge_pages(model)  # as the server loads it (server/execution/loader.py)
     runner = GPTRunner(model, tokenizer, max(rows))
     target, calls = (runner.prompts, 5) if args.prompts else (runner.step, 32)
     print(f"loaded: {rss_mib():.0f} MiB resident")

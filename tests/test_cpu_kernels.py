@@ -19,20 +19,20 @@ from tests.test_compiled_step import started
 
 def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs(monkeypatch):
     emulate_cpu(monkeypatch, AVX512_BF16)  # the prepacked layers win from 8 rows there
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert inductor_settings(cuda, 1) == {} and inductor_settings(cpu, 32) == {"freezing": True}
+    cpu, cuda, f32 = torch.device("cpu"), torch.device("cuda", 0), torch.float32
+    assert inductor_settings(cuda, 1, f32) == {} and inductor_settings(cpu, 32, f32) == {"freezing": True}
     assert GPTRunner(tiny_gpt(vocab_size=97), None, 2).step.graphs is None  # CUDA graphs only on CUDA
-    few_rows = inductor_settings(cpu, 1)  # the C++ GEMM template, offered alone: nothing to benchmark
+    few_rows = inductor_settings(cpu, 1, f32)  # the C++ GEMM template, offered alone: nothing to benchmark
     assert few_rows["freezing"] and few_rows["max_autotune"] and few_rows["max_autotune_gemm_backends"] == "CPP"
     most = TEMPLATE_GEMM_MAX_ROWS
-    assert inductor_settings(cpu, most) == few_rows != inductor_settings(cpu, most + 1)
+    assert inductor_settings(cpu, most, f32) == few_rows != inductor_settings(cpu, most + 1, f32)
 
 
 def test_without_avx512_every_cpu_step_runs_its_matmuls_in_the_cpp_gemm_template(monkeypatch):
     emulate_cpu(monkeypatch, AVX2)  # MKL's float32 GEMM is the slower there, and oneDNN has no bf16
-    template = inductor_settings(torch.device("cpu"), 1)
+    template = inductor_settings(torch.device("cpu"), 1, torch.float32)
     assert template["max_autotune_gemm_backends"] == "CPP"
-    assert all(inductor_settings(torch.device("cpu"), rows) == template for rows in (8, 32, 256))
+    assert all(inductor_settings(torch.device("cpu"), rows, torch.float32) == template for rows in (8, 32, 256))
 
 
 # A linear layer of the generated code that runs a prepacked kernel (MKL's in float32, oneDNN's in bf16) on a frozen

@@ -140,5 +140,5 @@ def test_rows_that_vary_compile_prepacked_layers(monkeypatch, features):
     """A dynamic row count takes the prepacked linear layers on every CPU, never the C++ GEMM template (which
     has no choice for the attention's batched products), where a one-row step takes the template."""
     emulate_cpu(monkeypatch, features)
-    assert inductor_settings(torch.device("cpu"), None) == {"freezing": True}
-    assert "max_autotune" in inductor_settings(torch.device("cpu"), 1)
+    assert inductor_settings(torch.device("cpu"), None, torch.float32) == {"freezing": True}
+    assert "max_autotune" in inductor_settings(torch.device("cpu"), 1, torch.float32)

@@ -255,7 +255,7 @@ class BackgroundCompiler:
         kept, unchecked = path.exists(), path.with_name(path.stem + ".unchecked.pt2")
         try:
             if not kept:
-                settings = inductor_settings(target.device, target.matmul_rows(bucket))
+                settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype)
                 package(target, bucket, unchecked, {**settings, "cpp.threads": self.threads})
             self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
             compiled = load(path if kept else unchecked, self.constants)
@@ -335,7 +335,7 @@ class BackgroundCompiler:
             if key is not None:
                 self.shared.setdefault(key, compiled)
             return compiled
-        settings = inductor_settings(target.device, target.matmul_rows(bucket))
+        settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype)
         fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
             compiled = self.compile(bucket, settings)
@@ -384,6 +384,9 @@ class BackgroundCompiler:
         capture = GraphCapture("inductor")
         if target.device.type == "cpu":  # inductor compiles on one thread, for code run on self.threads
             capture, config["cpp.threads"] = GraphCapture(inductor_on_one_thread), self.threads
+            # no stride asserts in the Python wrapper: a sixth of a small model's regional one-row step, and the
+            # engine passes each bucket's own preallocated views (GraphCapture)
+            config |= {"size_asserts": False, "alignment_asserts": False}
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
             example = target.example(bucket, shared=True) if shared else target.example(bucket)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from models import cpu
+from server.execution import skinny_gemm
 
 # On a CPU with AVX-512, up to this many rows a step's matrix products run faster in inductor's C++ GEMM
 # template than in the prepacked linear layers freezing makes (oneDNN's in bf16, MKL's in float32); above it
@@ -16,20 +17,23 @@ TEMPLATE_GEMM_MAX_ROWS = 4
 PREPACKED = {"freezing": True}
 
 
-def template_serves(rows: int | None) -> bool:
+def template_serves(rows: int | None, dtype: torch.dtype) -> bool:
     """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
     that vary at run time, which the prepacked layers take: the template would need a choice for the
-    attention's batched products too)."""
+    attention's batched products too). Not in bf16 where the skinny kernel runs (skinny_gemm.py): it is as
+    fast over the plain weights, which a frozen graph would copy."""
+    if dtype == torch.bfloat16 and skinny_gemm.available():
+        return False
     return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
 
 
-def inductor_settings(device: torch.device, rows: int | None) -> dict:
+def inductor_settings(device: torch.device, rows: int | None, dtype: torch.dtype) -> dict:
     """Inductor's config while a step whose matrix products have `rows` rows compiles. Freezing must be
     set in inductor's config itself: torch.compile(options={"freezing": True}) reaches inductor after
     the freezing decision was made, and the weights stay graph inputs (no prepacked linear appears in the
     graph)."""
     if device.type == "cuda":
         return {}
-    if template_serves(rows):
+    if template_serves(rows, dtype):
         return {**PREPACKED, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
     return dict(PREPACKED)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from server.execution.huge_pages import on_huge_pages
+
 log = logging.getLogger("tinyserve")
 
 
@@ -42,7 +44,9 @@ def load_runner(
             model.config = replace(model.config, context_length=fit_context(model, max_rows, budget))
         except ValueError as e:
             raise CheckpointError(folder, str(e)) from None
-        served = GPTRunner(quantize(model), tokenizer, max_rows, family)
+        model = quantize(model)
+        on_huge_pages(model)  # before the runner's copies of it (prepacked layers) and its cache
+        served = GPTRunner(model, tokenizer, max_rows, family)
         return cut_context_logged(served, folder, full, kv_cache_mb)
     if runner == "transformers":
         from server.execution.hf_causal import HFCausalLMRunner, served_context
@@ -50,6 +54,7 @@ def load_runner(
         log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
+        on_huge_pages(model)
         try:
             served = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
         except ValueError as e:  # e.g. no end-of-text token: refused like any bad checkpoint

@@ -20,15 +20,22 @@ import torch.nn as nn
 
 from models import cpu
 from models.quantize import WeightOnlyInt8Linear, replace_linears
+from server.execution import skinny_gemm
 
-# oneDNN's linear on a prepacked weight, an opaque call to inductor: its own lowering of oneDNN's op takes frozen
-# constants only, and a graph that takes the weights as inputs (compiler.py's regional builds) calls this.
+# oneDNN's linear on a prepacked weight, or for few rows the skinny kernel on the plain one (skinny_gemm.py), an
+# opaque call to inductor: its own lowering of oneDNN's op takes frozen constants only, and a graph that takes the
+# weights as inputs (compiler.py's regional builds) calls this. The kernel is chosen by the rows at each call, so
+# one graph serves every row count (compiler.py, `shared_graph`).
 # Registered on the dispatcher directly: torch.library.custom_op's wrappers cost more a call than the op itself.
 LIBRARY = torch.library.Library("tinyserve", "DEF")
-LIBRARY.define("prepacked_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor packed, Tensor? bias) -> Tensor")
 
 
-def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def prepacked_linear(
+    x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    if weight is not None and skinny_gemm.serves(x, weight):
+        return skinny_gemm.product(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
 
@@ -36,7 +43,7 @@ LIBRARY.impl("prepacked_linear", prepacked_linear, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("tinyserve::prepacked_linear", lib=LIBRARY)
-def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
@@ -47,20 +54,23 @@ PACKED_FOR_ROWS = {torch.float32: 32, torch.bfloat16: 1}
 
 
 class PrepackedLinear(nn.Module):
-    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes)."""
+    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes), and in bf16
+    where the skinny kernel runs also as it is, for the products of few rows (the same tensor as the plain model's)."""
 
     def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
         super().__init__()
         weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(linear.scales.dtype)
         rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+        plain = isinstance(linear, nn.Linear) and weight.dtype == torch.bfloat16 and skinny_gemm.available()
+        self.weight = weight.detach() if plain else None
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
         traced = torch.compiler.is_dynamo_compiling()
         linear = torch.ops.tinyserve.prepacked_linear.default if traced else prepacked_linear
-        return linear(x, self.packed, self.bias)
+        return linear(x, self.weight, self.packed, self.bias)
 
 
 class PrepackedInt8Linear(nn.Module):

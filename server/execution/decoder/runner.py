@@ -103,5 +103,5 @@ class GPTRunner:
         regional = [Pass(self.step, r, regional=True) for r in rows]
         prompts = [Pass(self.prompts, bucket, regional=True) for bucket in self.prompts.buckets()]
         frozen = [Pass(self.step, r) for r in rows if self.step.freezes(r)]
-        drafts = [Pass(self.verifier, bucket) for bucket in self.verifier.buckets()]
+        drafts = [Pass(self.verifier, b, regional=not self.verifier.freezes(b)) for b in self.verifier.buckets()]
         return regional[:1] + prompts + regional[1:] + frozen + drafts

@@ -251,7 +251,7 @@ class DecodeStep:
         inductor's C++ GEMM template (kernel_choice.py, `template_serves`), which needs frozen weights and beats the
         regional step. Above, both run the prepacked linear layers and the frozen graph was no faster, for a copy
         of the weights and a long build (docs/BENCHMARKS.md, "Compiling")."""
-        return self.device.type == "cpu" and template_serves(self.matmul_rows(rows))
+        return self.device.type == "cpu" and template_serves(self.matmul_rows(rows), self.dtype)
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row

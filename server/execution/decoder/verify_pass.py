@@ -3,7 +3,8 @@ KV cache, with the greedy choice after each (speculative decoding's verification
 
 A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
-GEMM template's (kernel_choice.py, TEMPLATE_GEMM_MAX_ROWS); its attention is SDPA's one op, since the explicit
+GEMM template's (kernel_choice.py, TEMPLATE_GEMM_MAX_ROWS) or, in bf16, the skinny kernel's (skinny_gemm.py:
+then it is built regionally, as the decode step); its attention is SDPA's one op, since the explicit
 product's batched matmul of several queries has no template choice (inductor raised NoValidChoicesError, and
 the build fell back to MKL's products, the slowest on AVX2 CPUs: docs/BENCHMARKS.md, "Why these paths"). One
 graph, the key columns dynamic as the decode step's, built on the CPU after the decode buckets; until it is built
@@ -20,6 +21,7 @@ import torch
 from models.gpt import GPT
 from models.sampling import greedy_choice
 from server.execution.decoder.step import COLUMN_STEP, DecodeStep, check_lengths, forward_over
+from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
@@ -53,6 +55,8 @@ class VerifyPass:
         self.dtype = step.dtype  # sets the compiled pass's tolerance
         self.model = step.model  # whose weights the export freezes
         self.traced = verify_pass(step.model)  # what the compiler traces and checks against
+        self.regional_model = step.regional_model  # its blocks one compile region (regional.py)
+        self.regional = verify_pass(step.regional_model)
         self.uncompiled = verify_pass(step.eager_model)
         # BUCKET -> the compiled pass: written by the background compiler (server/execution/compiler.py,
         # BackgroundCompiler.run) when its graph is built and checked; read by __call__ on the compute thread
@@ -72,6 +76,10 @@ class VerifyPass:
 
     def matmul_rows(self, bucket: tuple[int, int]) -> int:
         return bucket[0] * bucket[1]
+
+    def freezes(self, bucket: tuple[int, int]) -> bool:
+        """Whether the pass is built whole and frozen (its products in the C++ GEMM template), else regionally."""
+        return self.device.type == "cpu" and template_serves(self.matmul_rows(bucket), self.dtype)
 
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""

@@ -1,0 +1,71 @@
+"""A model's weights moved to memory advised for huge pages (server/execution/huge_pages.py)."""
+
+import pytest
+import torch
+
+from server.execution import huge_pages
+from tests.conftest import tiny_gpt
+
+
+def vm_flags(address: int) -> list[str]:
+    """The flags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    flags, inside = None, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "VmFlags:":
+            flags = line.split()[1:]
+    assert flags is not None, "no mapping holds the address"
+    return flags
+
+
+@pytest.mark.skipif(huge_pages.thp_mode() == "never", reason="this kernel offers no transparent huge pages")
+def test_the_weights_move_into_one_block_advised_for_huge_pages_and_compute_the_same():
+    model = tiny_gpt(vocab_size=97).to(torch.bfloat16)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        before = model(ids).logits
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+    moved = huge_pages.on_huge_pages(model)
+    assert moved >= sum(t.numel() * t.element_size() for t in tensors)
+    addresses = sorted(p.data_ptr() for p in model.parameters())
+    assert addresses[-1] - addresses[0] < moved and all(a % huge_pages.ALIGN == 0 for a in addresses)
+    assert "hg" in vm_flags(addresses[0])  # MADV_HUGEPAGE
+    # each tensor has a storage of its own (dynamo refuses aliased inputs of a nested compile region)
+    assert len({p.untyped_storage().data_ptr() for p in model.parameters()}) == len(list(model.parameters()))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_without_huge_pages_nothing_moves(monkeypatch):
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
+    model = tiny_gpt(vocab_size=97)
+    where = [p.data_ptr() for p in model.parameters()]
+    assert huge_pages.on_huge_pages(model) == 0
+    assert [p.data_ptr() for p in model.parameters()] == where
+
+
+@pytest.mark.skipif(huge_pages.thp_mode() == "never", reason="this kernel offers no transparent huge pages")
+def test_the_server_asks_torch_for_huge_pages_before_torch_starts():
+    """Importing the server first sets THP_MEM_ALLOC_ENABLE, so torch's allocations of 2 MB and more (the KV
+    cache, prepacked weights) are advised for huge pages."""
+    import subprocess
+    import sys
+
+    code = (
+        "import server, torch\n"
+        "from tests.test_huge_pages import vm_flags\n"
+        "t = torch.empty(8 << 20, dtype=torch.uint8)\n"
+        "print('hg' in vm_flags(t.data_ptr()))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=huge_pages.Path(__file__).parent.parent,
+    )
+    assert done.stdout.strip() == "True", done.stderr

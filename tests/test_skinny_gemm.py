@@ -1,0 +1,61 @@
+"""The few-row bf16 kernel (server/execution/skinny_gemm.py): its products, where it serves, and what it spares
+(no frozen graph of a bf16 step where it runs)."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+from server.execution import skinny_gemm
+from server.execution.decoder.prepacked import PrepackedLinear
+from server.execution.decoder.runner import GPTRunner
+from server.execution.kernel_choice import template_serves
+from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
+
+runs_here = pytest.mark.skipif(not skinny_gemm.available(), reason="needs a CPU with AVX-512 BF16")
+
+
+@runs_here
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("n", "k"), [(64, 576), (7, 40), (130, 1000)])  # N and K off the kernel's blocks too
+def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
+    generator = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)
+    weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(n, generator=generator).to(torch.bfloat16)
+    assert skinny_gemm.serves(x, weight)
+    expected = x.float() @ weight.float().T + bias.float()
+    got = skinny_gemm.product(x, weight, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    # float32 sums, rounded once to bf16: within half a bf16 step of the exact value (plus summation order)
+    assert torch.allclose(got.float(), expected, rtol=2**-8, atol=1e-3 * k**0.5)
+
+
+@runs_here
+def test_a_bf16_layer_runs_few_rows_in_the_kernel_and_more_in_onednn():
+    linear = nn.Linear(96, 80, bias=True).to(torch.bfloat16)
+    layer = PrepackedLinear(linear)
+    assert layer.weight is not None and layer.weight.data_ptr() == linear.weight.data_ptr()  # no copy
+    for rows in (1, 4, 5, 16):
+        x = torch.randn(1, rows, 96).to(torch.bfloat16)
+        assert skinny_gemm.serves(x, layer.weight) == (rows <= skinny_gemm.MAX_ROWS)
+        expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        assert torch.allclose(layer(x).float(), expected, rtol=2**-7, atol=0.05)
+
+
+def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):
+    monkeypatch.setattr(skinny_gemm, "available", lambda: True)
+    emulate_cpu(monkeypatch, dataclasses.replace(AVX512_BF16, onednn_bf16=False))  # no bf16 reorder on any CPU
+    assert not any(template_serves(rows, torch.bfloat16) for rows in (1, 2, 4, 8))
+    assert template_serves(1, torch.float32)  # float32 keeps the C++ GEMM template for its few rows
+    runner = GPTRunner(tiny_gpt(vocab_size=97).to(torch.bfloat16), None, 8)
+    assert all(p.regional for p in runner.compile_passes(8))  # the decode buckets and the draft check
+
+
+def test_without_avx512_bf16_the_kernel_stays_out(monkeypatch):
+    emulate_cpu(monkeypatch, AVX2)
+    assert not skinny_gemm.available()
+    x, weight = torch.randn(1, 64).to(torch.bfloat16), torch.randn(32, 64).to(torch.bfloat16)
+    assert not skinny_gemm.serves(x, weight)
+    assert template_serves(1, torch.bfloat16) and template_serves(64, torch.float32)
