@@ -45,27 +45,3 @@ def test_without_huge_pages_nothing_moves(monkeypatch):
     where = [p.data_ptr() for p in model.parameters()]
     assert huge_pages.on_huge_pages(model) == 0
     assert [p.data_ptr() for p in model.parameters()] == where
-
-
-@pytest.mark.skipif(huge_pages.thp_mode() == "never", reason="this kernel offers no transparent huge pages")
-def test_the_server_asks_torch_for_huge_pages_before_torch_starts():
-    """Importing the server first sets THP_MEM_ALLOC_ENABLE, so torch's allocations of 2 MB and more (the KV
-    cache, prepacked weights) are advised for huge pages."""
-    import subprocess
-    import sys
-
-    code = (
-        "import server, torch\n"
-        "from tests.test_huge_pages import vm_flags\n"
-        "t = torch.empty(8 << 20, dtype=torch.uint8)\n"
-        "print('hg' in vm_flags(t.data_ptr()))\n"
-    )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=huge_pages.Path(__file__).parent.parent,
-    )
-    assert done.stdout.strip() == "True", done.stderr

@@ -13,7 +13,7 @@ from server.execution.decoder.runner import GPTRunner
 from server.execution.kernel_choice import template_serves
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
-runs_here = pytest.mark.skipif(not skinny_gemm.available(), reason="needs a CPU with AVX-512 BF16")
+runs_here = pytest.mark.skipif(not skinny_gemm.usable(), reason="needs a CPU with AVX-512 BF16 and a C++ compiler")
 
 
 @runs_here
@@ -24,7 +24,7 @@ def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
     x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)
     weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
     bias = torch.randn(n, generator=generator).to(torch.bfloat16)
-    assert skinny_gemm.serves(x, weight)
+    assert skinny_gemm.serves(x)
     expected = x.float() @ weight.float().T + bias.float()
     got = skinny_gemm.product(x, weight, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
@@ -33,19 +33,22 @@ def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
 
 
 @runs_here
-def test_a_bf16_layer_runs_few_rows_in_the_kernel_and_more_in_onednn():
+def test_a_bf16_layer_runs_few_rows_in_the_kernel_and_more_in_onednn(monkeypatch):
     linear = nn.Linear(96, 80, bias=True).to(torch.bfloat16)
     layer = PrepackedLinear(linear)
     assert layer.weight is not None and layer.weight.data_ptr() == linear.weight.data_ptr()  # no copy
-    for rows in (1, 4, 5, 16):
+    kernel_rows = []
+    product = skinny_gemm.product
+    monkeypatch.setattr(skinny_gemm, "product", lambda x, *a: kernel_rows.append(x.shape[1]) or product(x, *a))
+    for rows in (1, 4, 8, 9, 16):
         x = torch.randn(1, rows, 96).to(torch.bfloat16)
-        assert skinny_gemm.serves(x, layer.weight) == (rows <= skinny_gemm.MAX_ROWS)
         expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
         assert torch.allclose(layer(x).float(), expected, rtol=2**-7, atol=0.05)
+    assert kernel_rows == [1, 4, 8]  # up to MAX_ROWS; oneDNN's prepacked layer above
 
 
 def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):
-    monkeypatch.setattr(skinny_gemm, "available", lambda: True)
+    monkeypatch.setattr(skinny_gemm, "usable", lambda: True)
     emulate_cpu(monkeypatch, dataclasses.replace(AVX512_BF16, onednn_bf16=False))  # no bf16 reorder on any CPU
     assert not any(template_serves(rows, torch.bfloat16) for rows in (1, 2, 4, 8))
     assert template_serves(1, torch.float32)  # float32 keeps the C++ GEMM template for its few rows
@@ -55,7 +58,6 @@ def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):
 
 def test_without_avx512_bf16_the_kernel_stays_out(monkeypatch):
     emulate_cpu(monkeypatch, AVX2)
-    assert not skinny_gemm.available()
-    x, weight = torch.randn(1, 64).to(torch.bfloat16), torch.randn(32, 64).to(torch.bfloat16)
-    assert not skinny_gemm.serves(x, weight)
+    assert not skinny_gemm.available() and not skinny_gemm.usable()
+    assert PrepackedLinear(nn.Linear(64, 32)).weight is None  # float32 on AVX2: the prepacked layer alone
     assert template_serves(1, torch.bfloat16) and template_serves(64, torch.float32)

@@ -3,8 +3,9 @@
 A decode step of few rows streams every weight from memory once. On 4 KB pages the CPU's prefetchers stop at
 every page boundary and the TLB misses: on a 2-vCPU Sapphire Rapids Xeon one pass over 0.23 GB read 21-22 GB/s on
 4 KB pages and 31-32 GB/s on 2 MB ones (bench/bench_skinny_gemm.py). torch's allocator asks for huge pages only
-for allocations of 2 MB or more, and only when THP_MEM_ALLOC_ENABLE is set before it starts; most of a small
-model's tensors are smaller. So the weights are copied, one tensor at a time, into one anonymous mapping advised
+for allocations of 2 MB or more, and only when THP_MEM_ALLOC_ENABLE is set before it starts (for every allocation:
+the server was no faster with it, and its start-up slower); most of a small model's tensors are smaller. So the
+weights are copied, one tensor at a time, into one anonymous mapping advised
 MADV_HUGEPAGE before it is touched (with THP "always" or "madvise"; with "never" this changes nothing but where
 the tensors live).
 """

@@ -22,7 +22,7 @@ def template_serves(rows: int | None, dtype: torch.dtype) -> bool:
     that vary at run time, which the prepacked layers take: the template would need a choice for the
     attention's batched products too). Not in bf16 where the skinny kernel runs (skinny_gemm.py): it is as
     fast over the plain weights, which a frozen graph would copy."""
-    if dtype == torch.bfloat16 and skinny_gemm.available():
+    if dtype == torch.bfloat16 and skinny_gemm.usable():
         return False
     return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
 

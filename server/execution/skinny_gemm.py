@@ -65,33 +65,23 @@ def library() -> ctypes.CDLL | None:
     return kernel
 
 
-def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel computes x @ weight.T: bf16 on the CPU, at most MAX_ROWS rows, the kernel built."""
-    return (
-        x.dtype == weight.dtype == torch.bfloat16
-        and x.device.type == "cpu"
-        and x.numel() <= MAX_ROWS * x.shape[-1]
-        and weight.is_contiguous()
-        and available()
-        and library() is not None
-    )
+def usable() -> bool:
+    """Whether the kernel runs here: the CPU has it and it is built."""
+    return available() and library() is not None
+
+
+def serves(x: torch.Tensor) -> bool:
+    """Whether the kernel computes x's product with a weight it is usable for (bf16, at most MAX_ROWS rows): cheap,
+    as it runs at every product."""
+    return x.dtype is torch.bfloat16 and x.numel() <= MAX_ROWS * x.shape[-1]
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., K) @ weight (N, K).T + bias (N,): (..., N), summed in float32 (where `serves`)."""
+    """x (..., K) @ weight (N, K).T + bias (N,): (..., N), bf16 (contiguous weight and bias), summed in float32."""
     x = x.contiguous()
-    rows, (n, k) = x.numel() // x.shape[-1], weight.shape
+    n, k = weight.shape
     out = x.new_empty((*x.shape[:-1], n))
-    if bias is not None:
-        bias = bias.to(torch.bfloat16).contiguous()
-    library().skinny_gemm_bf16(
-        x.data_ptr(),
-        weight.data_ptr(),
-        bias.data_ptr() if bias is not None else None,
-        out.data_ptr(),
-        rows,
-        n,
-        k,
-        torch.get_num_threads(),
-    )
+    bias_at = bias.data_ptr() if bias is not None else None
+    threads = torch.get_num_threads()
+    library().skinny_gemm_bf16(x.data_ptr(), weight.data_ptr(), bias_at, out.data_ptr(), x.numel() // k, n, k, threads)
     return out

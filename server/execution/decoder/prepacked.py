@@ -34,7 +34,7 @@ LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor packed, Tensor
 def prepacked_linear(
     x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    if weight is not None and skinny_gemm.serves(x, weight):
+    if weight is not None and skinny_gemm.serves(x):
         return skinny_gemm.product(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
@@ -62,9 +62,10 @@ class PrepackedLinear(nn.Module):
         weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(linear.scales.dtype)
         rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-        plain = isinstance(linear, nn.Linear) and weight.dtype == torch.bfloat16 and skinny_gemm.available()
-        self.weight = weight.detach() if plain else None
+        bf16 = weight.dtype == torch.bfloat16 and (linear.bias is None or linear.bias.dtype == torch.bfloat16)
+        plain = isinstance(linear, nn.Linear) and bf16 and skinny_gemm.usable()
         self.bias = linear.bias
+        self.weight = weight.detach().contiguous() if plain else None  # the kernel's: the plain model's tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
