@@ -1,6 +1,7 @@
-"""A checkpoint's linear layers, every one once (a decode step's products), three ways: oneDNN's bf16 linear on
-prepacked weights, the skinny kernel (server/execution/skinny_gemm.py) on the weights as loaded (4 KB pages), and
-the skinny kernel on the weights moved to huge pages (server/execution/huge_pages.py); ms and GB/s per pass.
+"""A checkpoint's linear layers, every one once (a decode step's products), four ways: oneDNN's bf16 linear on
+prepacked weights and on the plain ones (torch's F.linear), the skinny kernel (server/execution/skinny_gemm.py) on
+the weights as loaded (4 KB pages), and on the weights moved to huge pages (server/execution/huge_pages.py); ms and
+GB/s per pass.
 
     .venv/bin/python bench/bench_skinny_gemm.py FOLDER [--rows 1,2,4,8] [--repeats 5]
 
@@ -55,10 +56,19 @@ def main() -> None:
             for w, p in zip(weights, packed, strict=True):
                 torch.ops.mkldnn._linear_pointwise.default(inputs[w.shape[1]], p, None, "none", [], "")
 
+        def plain(inputs: dict = inputs) -> None:  # no prepacked copy: oneDNN reorders the weight at every call
+            for w in huge:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+
         def skinny(on: list[torch.Tensor], inputs: dict = inputs):
             return lambda: [skinny_gemm.product(inputs[w.shape[1]], w, None) for w in on]
 
-        ways = {"oneDNN prepacked": onednn, "skinny, 4 KB pages": skinny(small), "skinny, huge pages": skinny(huge)}
+        ways = {
+            "oneDNN prepacked": onednn,
+            "oneDNN on the plain weights (huge pages)": plain,
+            "skinny, 4 KB pages": skinny(small),
+            "skinny, huge pages": skinny(huge),
+        }
         times = {name: [] for name in ways}
         for _ in range(args.repeats):
             for name, fn in ways.items():
