@@ -61,3 +61,20 @@ def test_without_avx512_bf16_the_kernel_stays_out(monkeypatch):
     assert not skinny_gemm.available() and not skinny_gemm.usable()
     assert PrepackedLinear(nn.Linear(64, 32)).weight is None  # float32 on AVX2: the prepacked layer alone
     assert template_serves(1, torch.bfloat16) and template_serves(64, torch.float32)
+
+
+def test_a_kernel_that_cannot_be_built_leaves_the_prepacked_layers(monkeypatch, tmp_path, caplog):
+    """No compiler, or nowhere to write the kernel: a log line, and the layers run oneDNN as before."""
+    monkeypatch.setattr(skinny_gemm, "available", lambda: True)
+    skinny_gemm.library.cache_clear()
+    try:
+        monkeypatch.setenv("CXX", "no-such-compiler")
+        assert not skinny_gemm.usable() and "no C++ compiler" in caplog.text
+        skinny_gemm.library.cache_clear()
+        monkeypatch.delenv("CXX")
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocker))  # the kernel's folder would be under a file
+        assert not skinny_gemm.usable()
+    finally:
+        skinny_gemm.library.cache_clear()

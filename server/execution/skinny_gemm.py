@@ -50,15 +50,20 @@ def library() -> ctypes.CDLL | None:
     digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
     from torch._inductor.runtime.cache_dir_utils import cache_dir  # inductor's folder, TORCHINDUCTOR_CACHE_DIR
 
-    built = Path(cache_dir()) / "tinyserve" / f"skinny_gemm-{digest}.so"
-    if not built.exists():
-        built.parent.mkdir(parents=True, exist_ok=True)
-        partial = built.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
-        if done.returncode != 0:
-            log.warning("the few-row bf16 kernel is not built: %s", done.stderr.strip()[-500:])
-            return None
-        partial.replace(built)  # whole or absent, for another process building it at once
+    try:
+        built = Path(cache_dir()) / "tinyserve" / f"skinny_gemm-{digest}.so"
+        if not built.exists():
+            built.parent.mkdir(parents=True, exist_ok=True)
+            partial = built.with_suffix(f".{os.getpid()}.tmp")
+            command = [compiler, *FLAGS, str(SOURCE), "-o", str(partial)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                log.warning("the few-row bf16 kernel is not built: %s", done.stderr.strip()[-500:])
+                return None
+            partial.replace(built)  # whole or absent, for another process building it at once
+    except OSError as e:  # e.g. a read-only cache folder
+        log.warning("the few-row bf16 kernel is not built: %s", e)
+        return None
     kernel = ctypes.CDLL(str(built))
     kernel.skinny_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     kernel.skinny_gemm_bf16.restype = None
