@@ -47,10 +47,10 @@ def library() -> ctypes.CDLL | None:
         log.warning("the few-row bf16 kernel is not built: no C++ compiler (%s) on PATH", compiler)
         return None
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
     from torch._inductor.runtime.cache_dir_utils import cache_dir  # inductor's folder, TORCHINDUCTOR_CACHE_DIR
 
     try:
+        digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
         built = Path(cache_dir()) / "tinyserve" / f"skinny_gemm-{digest}.so"
         if not built.exists():
             built.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def library() -> ctypes.CDLL | None:
                 log.warning("the few-row bf16 kernel is not built: %s", done.stderr.strip()[-500:])
                 return None
             partial.replace(built)  # whole or absent, for another process building it at once
-    except OSError as e:  # e.g. a read-only cache folder
+    except OSError as e:  # e.g. a read-only cache folder, an install without the source
         log.warning("the few-row bf16 kernel is not built: %s", e)
         return None
     kernel = ctypes.CDLL(str(built))
