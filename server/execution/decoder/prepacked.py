@@ -28,14 +28,16 @@ from server.execution import skinny_gemm
 # one graph serves every row count (compiler.py, `shared_graph`).
 # Registered on the dispatcher directly: torch.library.custom_op's wrappers cost more a call than the op itself.
 LIBRARY = torch.library.Library("tinyserve", "DEF")
-LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor packed, Tensor? bias) -> Tensor")
+LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor? packed, Tensor? bias) -> Tensor")
 
 
 def prepacked_linear(
-    x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
     if weight is not None and skinny_gemm.serves(x):
         return skinny_gemm.product(x, weight, bias)
+    if packed is None:  # one copy of the weights: oneDNN on the plain one
+        return torch.nn.functional.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
 
@@ -43,8 +45,8 @@ LIBRARY.impl("prepacked_linear", prepacked_linear, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("tinyserve::prepacked_linear", lib=LIBRARY)
-def _(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+def _(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None, bias: torch.Tensor | None):
+    return x.new_empty((*x.shape[:-1], (weight if weight is not None else packed).shape[0]))
 
 
 # oneDNN lays a weight out for the rows it expects. float32 laid out for one row made the eager step slower at more
@@ -60,12 +62,15 @@ class PrepackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
         super().__init__()
         weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(linear.scales.dtype)
-        rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
         bf16 = weight.dtype == torch.bfloat16 and (linear.bias is None or linear.bias.dtype == torch.bfloat16)
         plain = isinstance(linear, nn.Linear) and bf16 and skinny_gemm.usable()
         self.bias = linear.bias
         self.weight = weight.detach().contiguous() if plain else None  # the kernel's: the plain model's tensor
+        # with AMX oneDNN reads the plain weight for more rows within 2-26 % of a prepacked copy (32 rows 27.7
+        # against 22.0 ms, a 512-token prefill 78.9 against 77.5: docs/BENCHMARKS.md, "Why these paths"): no copy
+        one_copy = plain and cpu.cpu_features().amx
+        rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
+        self.packed = None if one_copy else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
