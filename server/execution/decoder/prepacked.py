@@ -7,7 +7,9 @@ slows the step, the more so on a machine busy compiling, as it is then.
 Freezing prepacks the compiled graphs' layers; this does the same for eager, on a copy of the model
 that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
 aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
-dequantized weight prepacked for the rest (a prompt's prefill).
+dequantized weight prepacked for the rest (a prompt's prefill). A bf16 layer where the skinny kernel runs
+(server/execution/skinny_gemm.py) reads the plain weight for up to 8 rows, and with AMX for more rows too (oneDNN
+through `F.linear`): then nothing is prepacked and the model holds its weights once.
 """
 
 from __future__ import annotations
