@@ -21,7 +21,6 @@ import torch
 from models.gpt import GPT
 from models.sampling import greedy_choice
 from server.execution.decoder.step import COLUMN_STEP, DecodeStep, check_lengths, forward_over
-from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
@@ -79,7 +78,7 @@ class VerifyPass:
 
     def freezes(self, bucket: tuple[int, int]) -> bool:
         """Whether the pass is built whole and frozen (its products in the C++ GEMM template), else regionally."""
-        return self.device.type == "cpu" and template_serves(self.matmul_rows(bucket), self.dtype)
+        return self.step.freezes(self.matmul_rows(bucket))  # the decode step's rule, at the pass's rows
 
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
