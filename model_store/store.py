@@ -16,7 +16,6 @@ with an error naming the file and the problem.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -28,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from model_store.digests import sha256_of
 from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
 from models.gpt import GPT, GPTConfig
 from models.tokenizer import EOS_TOKEN
@@ -48,18 +48,10 @@ class CheckpointError(ValueError):
         self.problem = problem
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_manifest(folder: Path) -> dict:
     """Record sha256 and size of every file in the folder (except the manifest itself)."""
     files = {
-        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != MANIFEST
     }
@@ -153,7 +145,7 @@ def validate(folder: Path) -> dict:
             raise CheckpointError(
                 path, f"size {path.stat().st_size} bytes, manifest says {entry['bytes']} (truncated?)"
             )
-        if sha256_file(path) != entry["sha256"]:
+        if sha256_of(path) != entry["sha256"]:
             raise CheckpointError(path, "sha256 does not match the manifest (corrupted or modified)")
     try:
         config = json.loads((folder / "config.json").read_text())

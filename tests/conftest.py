@@ -2,11 +2,13 @@
 
 import os
 import queue
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from model_store import digests
 from model_store.store import write_checkpoint, write_manifest
 from models import cpu
 from models.esperberto import build_model, make_config, save_model
@@ -25,6 +27,9 @@ from training.tokenizer import train_bpe
 os.environ.setdefault("TINYSERVE_DTYPE", "float32")
 os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
 os.environ.setdefault("TINYSERVE_READY_AFTER", "all")
+
+# The digests of checkpoint files are remembered in a file of the test run's, not of the user's cache
+digests.STAMPS = Path(tempfile.mkdtemp(prefix="tinyserve-digests-")) / "sha256.json"
 
 # Under pytest-xdist (`make test`: a worker a core) each worker, and the servers it starts, compute on its share of
 # the cores: two workers of two OpenMP threads on two cores had every op wait for a descheduled thread (a test

@@ -12,6 +12,7 @@ the tensors live).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from server.execution.compute_thread import MALLOC_TRIM
 
 HUGE_PAGE = 2 * 2**20
 ALIGN = 64  # each tensor on its own cache lines (the kernels' vector loads)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Python 3.11 lacks the name
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -45,6 +47,8 @@ def on_huge_pages(model: torch.nn.Module) -> int:
     block = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     start = -address(block) % HUGE_PAGE  # huge pages cover 2 MB-aligned ranges
     block.madvise(mmap.MADV_HUGEPAGE, start, sum(sizes))
+    with contextlib.suppress(OSError):  # Linux 5.14+: every page faulted in at once, 3x quicker than by the copies
+        block.madvise(MADV_POPULATE_WRITE, start, sum(sizes))
     offset = start
     with torch.no_grad():
         for t, size in zip(tensors, sizes, strict=True):
