@@ -5,6 +5,7 @@ from dataclasses import replace
 import torch
 
 from models import cpu
+from server.execution import skinny_gemm
 from server.serving.placement import plan
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu
 
@@ -20,7 +21,11 @@ def test_the_probe_reads_torchs_view_of_the_cpu():
 def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch):
     emulate_cpu(monkeypatch, AVX512_BF16)
     p = plan("cpu", "auto", "native")
-    assert p.dtype == torch.bfloat16 and "native bf16" in p.why and "prepacked oneDNN bf16" in p.kernels
+    kernels = "our AVX-512 BF16 kernel up to 8 rows" if skinny_gemm.usable() else "prepacked oneDNN bf16"
+    assert p.dtype == torch.bfloat16 and "native bf16" in p.why and kernels in p.kernels
+    monkeypatch.setattr(skinny_gemm, "usable", lambda: False)  # where the skinny kernel could not be built
+    p = plan("cpu", "auto", "native")
+    assert p.dtype == torch.bfloat16 and "prepacked oneDNN bf16" in p.kernels and "GEMM template" in p.kernels
     emulate_cpu(monkeypatch, AVX2)
     p = plan("cpu", "auto", "native")
     assert p.dtype == torch.float32 and "no AVX512-BF16 or AMX" in p.why and "cpu avx2" in p.why

@@ -10,6 +10,7 @@ import torch
 from models import cpu
 from models.device import resolve_device
 from models.quantize import INT8_KERNEL_MAX_ROWS, int8_kernel_dtype
+from server.execution import skinny_gemm
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -56,7 +57,11 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
     native = "native bf16" if f.native_bf16 else "no AVX512-BF16 or AMX"
     why = [f"dtype={dtype_name}" + (f" ({native})" if dtype_name == "auto" else "")]
     compiled = "C++ GEMM template " + ("up to 4 rows, prepacked layers above" if f.avx512 else "at every row count")
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 and skinny_gemm.usable():  # kernel_choice.template_serves: no frozen graph
+        compiled = f"regional graphs: our AVX-512 BF16 kernel up to {skinny_gemm.MAX_ROWS} rows, oneDNN above"
+        uncompiled = f"our kernel up to {skinny_gemm.MAX_ROWS} rows, oneDNN bf16 above"
+        why.append("avx512_bf16: the skinny kernel")
+    elif dtype == torch.bfloat16:
         uncompiled = "prepacked oneDNN bf16" if f.onednn_bf16 else "aten's bf16 fallback"
         why.append(f"oneDNN bf16 {'available' if f.onednn_bf16 else 'needs AVX-512'}")
     else:
