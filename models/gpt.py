@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.config import GPTConfig
-from models.kv_cache import StaticKVCache, write_layer
+from models.kv_cache import PagedKVCache, StaticKVCache, write_layer
 from models.positions import inverse_frequencies, rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
@@ -305,7 +305,7 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,  # (B, T), -100 = ignore
         *,
         input_pos: torch.Tensor | None = None,  # (B, T) positions: write to `cache` and attend over it
-        cache: StaticKVCache | None = None,  # with input_pos
+        cache: StaticKVCache | PagedKVCache | None = None,  # with input_pos
         return_attention: bool = False,
         logits_at: torch.Tensor | None = None,  # (B,) one index per row: only its logits, (B, 1, vocab)
         fused_attention: bool = True,  # False: the explicit product, which a compiler fuses into a one-token step
@@ -317,8 +317,8 @@ class GPT(nn.Module):
         elif cache is None:
             raise ValueError("input_pos needs the cache to write to (GPT.new_cache)")
         else:
-            positions = input_pos
-            mask = cache.visible(input_pos)  # (B, 1, T, context): keys at positions <= each query's
+            positions, cache = input_pos, cache.at(input_pos)
+            mask = cache.visible(input_pos)  # (B, 1, T, S): keys at positions <= each query's
         args = positions, mask, cache, return_attention, fused_attention
         return self._blocks(idx, *args, targets, logits_at, resid_pre)
 
@@ -339,7 +339,7 @@ class GPT(nn.Module):
             rotation = rope_rotation(position_ids, c.rotated_channels, self.tok_emb.weight.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
-            cache = kv_cache.buffers[layer] if kv_cache is not None else None
+            cache = kv_cache.layer(layer) if kv_cache is not None else None
             x, weights = block(x, mask, position_ids, rotation, cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)
@@ -352,7 +352,9 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         return GPTOutput(logits=logits, loss=loss, attentions=attentions)
 
-    def _embed(self, idx: torch.Tensor, position_ids: torch.Tensor, kv_cache: StaticKVCache | None) -> torch.Tensor:
+    def _embed(
+        self, idx: torch.Tensor, position_ids: torch.Tensor, kv_cache: StaticKVCache | PagedKVCache | None
+    ) -> torch.Tensor:
         """(B, T) ids -> (B, T, C): the residual stream before the first block."""
         x = self.tok_emb(idx)  # (B, T, C)
         if self.config.scale_embeddings:

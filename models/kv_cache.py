@@ -55,6 +55,12 @@ class StaticKVCache:
     def tensors(self) -> list[torch.Tensor]:
         return [b for bufs in self.buffers for b in bufs]
 
+    def at(self, positions: torch.Tensor) -> StaticKVCache:
+        return self  # a row's slot is its row, a position its column
+
+    def layer(self, i: int) -> list[torch.Tensor]:
+        return self.buffers[i]
+
     @classmethod
     def from_tensors(cls, tensors: tuple[torch.Tensor, ...], n_layer: int) -> StaticKVCache:
         """The inverse of tensors(): a flat list (what a compiled step takes) back into layers."""
@@ -73,10 +79,85 @@ class StaticKVCache:
 
 
 def write_layer(buffers: list[torch.Tensor], positions: torch.Tensor, *new: torch.Tensor) -> list[torch.Tensor]:
-    """One layer's update: this step's (B, *, T, *) tensors written at positions (B, T) of its buffers, which
-    are returned (B, *, context, *). A block takes its layer's buffers alone, so that every block's call has
-    the same form (a compiler traces one and reuses it for all: models/gpt.py, Block)."""
-    rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)  # (B, 1)
-    for buf, x in zip(buffers, new, strict=True):
-        buf[rows, :, positions] = x.transpose(1, 2).to(buf.dtype)  # indexed as (B, T, *, *)
-    return buffers
+    """One layer's update: this step's (B, *, T, *) tensors written at positions (B, T), and what the layer attends
+    over returned, (B, *, S, *). A static cache's layer is its buffers (S = context); a paged one's
+    (PagedKVCache.layer) is its addresses (slots (B, T), columns (B, S)) then its pools. A block takes its layer's
+    tensors alone, so that every block's call has the same form (a compiler traces one and reuses it for all:
+    models/gpt.py, Block)."""
+    if len(buffers) == len(new):  # static: row b's slot, column = position
+        rows = torch.arange(positions.shape[0], device=positions.device).unsqueeze(1)  # (B, 1)
+        for buf, x in zip(buffers, new, strict=True):
+            buf[rows, :, positions] = x.transpose(1, 2).to(buf.dtype)  # indexed as (B, T, *, *)
+        return buffers
+    slots, columns, *pools = buffers
+    read = []
+    for pool, x in zip(pools, new, strict=True):
+        pool[slots] = x.transpose(1, 2).to(pool.dtype)  # (B, T, *, width) at their pool rows
+        read.append(pool[columns].transpose(1, 2))  # (B, *, S, width)
+    return read
+
+
+BLOCK_TOKENS = 16  # positions a block holds
+
+
+class PagedKVCache:
+    """Keys and values in blocks of BLOCK_TOKENS positions from one pool per cached tensor, shared by every sequence
+    (vLLM's paged attention): a sequence holds the blocks it has filled, not a slot of the longest context.
+
+    A pool is (blocks * BLOCK_TOKENS, *, width), token-major, so a block is one contiguous run. A forward over B rows
+    takes a block table (B, N) int64: row b's position p lives in block table[b, p // BLOCK_TOKENS] at offset
+    p % BLOCK_TOKENS, and the row attends over the N * BLOCK_TOKENS positions its table names (gathered in order:
+    column = position, as in the static cache, so masks, relational heads and the compiled steps read them alike).
+    A table's unused entries name any block (0, say): their columns lie past the row's positions and are never seen.
+    """
+
+    def __init__(self, pools: list[list[torch.Tensor]], table: torch.Tensor | None = None) -> None:
+        self.pools = pools  # per layer, each (blocks * BLOCK_TOKENS, *, width)
+        self.table = table  # (B, N) block ids, or None: not bound to rows yet
+        self.addresses: tuple[torch.Tensor, torch.Tensor] | None = None  # (slots (B, T), columns (B, S)), `at`
+
+    @classmethod
+    def empty(
+        cls, shapes: list[list[tuple[int, int]]], blocks: int, dtype: torch.dtype, device: torch.device
+    ) -> PagedKVCache:
+        """Zeroed pools of `blocks` blocks; shapes: per layer, (heads, head width) of each tensor it caches."""
+        return cls(
+            [
+                [torch.zeros(blocks * BLOCK_TOKENS, h, d, dtype=dtype, device=device) for h, d in layer]
+                for layer in shapes
+            ]
+        )
+
+    @property
+    def blocks(self) -> int:
+        return self.pools[0][0].shape[0] // BLOCK_TOKENS
+
+    @property
+    def context(self) -> int:
+        return self.table.shape[1] * BLOCK_TOKENS
+
+    def rows(self, table: torch.Tensor) -> PagedKVCache:
+        """The same pools, bound to the rows of this block table (B, N)."""
+        return PagedKVCache(self.pools, table)
+
+    def at(self, positions: torch.Tensor) -> PagedKVCache:
+        """Bound to a forward's positions (B, T): where each new token's keys go, and which pool rows each row reads."""
+        table = self.table
+        offsets = torch.arange(BLOCK_TOKENS, device=table.device)
+        slots = table.gather(1, positions // BLOCK_TOKENS) * BLOCK_TOKENS + positions % BLOCK_TOKENS  # (B, T)
+        columns = (table.unsqueeze(-1) * BLOCK_TOKENS + offsets).flatten(1)  # (B, S)
+        bound = PagedKVCache(self.pools, table)
+        bound.addresses = slots, columns
+        return bound
+
+    def layer(self, i: int) -> list[torch.Tensor]:
+        """What layer i's attention takes (write_layer): its addresses, then its pools."""
+        return [*self.addresses, *self.pools[i]]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [p for pools in self.pools for p in pools]
+
+    def visible(self, positions: torch.Tensor) -> torch.Tensor:
+        """(B, T) query positions -> (B, 1, T, S) bool: key j is visible iff j <= the query's position."""
+        keys = torch.arange(self.context, device=positions.device)
+        return (keys <= positions.unsqueeze(-1)).unsqueeze(1)
