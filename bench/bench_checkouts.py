@@ -1,9 +1,11 @@
 """Two checkouts of this repository against each other over HTTP: is a change slower?
 
     .venv/bin/python bench/bench_checkouts.py --old <checkout> [--new .] [--rounds 30] [--stream] [--streams 32]
+        [--model gpt-wikitext2] [--store DIR]
 
-Each checkout serves gpt-wikitext2 with `python -m server` in its own process (its one-row step compiled
-before timing: its steps of up to `--streams` rows; each with its own .venv, or this one's); rounds alternate
+Each checkout serves the model (gpt-wikitext2 of its own store, or --store's) with `python -m server` in its own
+process (its one-row step compiled before timing: its steps of up to `--streams` rows; each with its own .venv, or
+this one's); rounds alternate
 which side goes first; a round is `--streams` clients at once, each making 5 sequential greedy requests of 64
 tokens (`/generate`, or `/generate_stream` read to its end). Gives each side's median tok/s and the median of
 the per-round ratios new / old.
@@ -31,9 +33,11 @@ BODY = {"inputs": PROMPT, "parameters": {"max_new_tokens": 64, "min_new_tokens":
 PER_ROUND = 5
 
 
-def serve(checkout: Path, port: int, streams: int) -> subprocess.Popen:
+def serve(checkout: Path, port: int, streams: int, model: str, store: Path | None) -> subprocess.Popen:
     python = checkout / ".venv" / "bin" / "python"
-    env = {**os.environ, "TINYSERVE_MODELS": '["gpt-wikitext2"]', "TINYSERVE_COMPILE_MAX_BATCH": str(streams)}
+    env = {**os.environ, "TINYSERVE_MODELS": f'["{model}"]', "TINYSERVE_COMPILE_MAX_BATCH": str(streams)}
+    if store is not None:
+        env["TINYSERVE_STORE"] = str(store.resolve())
     return subprocess.Popen(
         [str(python if python.exists() else sys.executable), "-m", "server", "--port", str(port)],
         cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -66,9 +70,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--stream", action="store_true", help="time /generate_stream instead of /generate")
     ap.add_argument("--streams", type=int, default=1, help="clients at once (each side compiles steps this wide)")
+    ap.add_argument("--model", default="gpt-wikitext2")
+    ap.add_argument("--store", type=Path, default=None, help="the store both serve (default: each checkout's own)")
     args = ap.parse_args()
     sides = {"new": (args.new, 8101), "old": (args.old, 8102)}
-    procs = {name: serve(path.resolve(), port, args.streams) for name, (path, port) in sides.items()}
+    procs = {
+        name: serve(path.resolve(), port, args.streams, args.model, args.store) for name, (path, port) in sides.items()
+    }
     try:
         for name, (_, port) in sides.items():
             wait_healthy(f"http://127.0.0.1:{port}", procs[name], 600, lambda: "")

@@ -92,12 +92,18 @@ def write_layer(buffers: list[torch.Tensor], positions: torch.Tensor, *new: torc
     slots, columns, *pools = buffers
     read = []
     for pool, x in zip(pools, new, strict=True):
-        pool[slots] = x.transpose(1, 2).to(pool.dtype)  # (B, T, *, width) at their pool rows
+        rows = x.transpose(1, 2).flatten(0, 1).to(pool.dtype)  # (B * T, *, width)
+        pool.index_copy_(0, slots.flatten(), rows)  # at their pool rows
         read.append(pool[columns].transpose(1, 2))  # (B, *, S, width)
     return read
 
 
 BLOCK_TOKENS = 16  # positions a block holds
+
+
+def blocks_for(positions: int) -> int:
+    """Blocks that hold this many positions."""
+    return -(-positions // BLOCK_TOKENS)
 
 
 class PagedKVCache:
@@ -156,6 +162,12 @@ class PagedKVCache:
 
     def tensors(self) -> list[torch.Tensor]:
         return [p for pools in self.pools for p in pools]
+
+    @classmethod
+    def from_tensors(cls, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor], n_layer: int) -> PagedKVCache:
+        """The inverse of tensors(): a flat list of pools (what a compiled pass takes) back into layers."""
+        per_layer = len(tensors) // n_layer
+        return cls([list(tensors[i * per_layer : (i + 1) * per_layer]) for i in range(n_layer)])
 
     def visible(self, positions: torch.Tensor) -> torch.Tensor:
         """(B, T) query positions -> (B, 1, T, S) bool: key j is visible iff j <= the query's position."""

@@ -43,14 +43,21 @@ class Settings(BaseSettings):
         ge=16,
         description="positions a sequence may reach: a transformers checkpoint with a longer context is served "
         "up to this, and `tinyserve store add` checks it against this "
-        "(the static KV cache holds max_batch_size x this many positions per model, within kv_cache_mb)",
+        "(a request may reach it while the KV pool, kv_cache_mb, has blocks for it)",
     )
     kv_cache_mb: int = Field(
         1024,
         ge=1,
-        description="memory of one model's static KV cache (every runner's): max_batch_size slots of the served "
-        "context; where they do not fit, each slot's context is cut to fit, as llama.cpp splits its context "
-        "over its slots (start-up log and /info give the result)",
+        description="memory of one model's KV cache: our decoder's pool of 16-position blocks, which every request "
+        "draws on as it grows (a request waits for blocks; the longest request is the smaller of the context and "
+        "the pool); a transformers model's static cache, max_batch_size slots of the served context, each slot's "
+        "context cut to fit (start-up log and /info give the result)",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="prompts that start with the full blocks an earlier request computed read those blocks "
+        "instead of computing them again (vLLM's automatic prefix caching; our decoder's KV pool); a freed block "
+        "stays findable until the pool needs it",
     )
     max_prefill_tokens: int = Field(
         4096, ge=1, description="padded prompt tokens prefilled in one forward pass (waiting prompts are grouped)"

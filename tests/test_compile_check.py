@@ -55,14 +55,16 @@ def test_the_check_runs_on_prompts_of_the_checks_text_prefilled_into_the_cache(t
     step = runner.step
     assert step.check_ids == runner.tokenizer.encode(CHECK_TEXT)
     with torch.inference_mode():
-        tokens, positions, eos_bias, allowed, span, *cache = step.real_inputs(4)
+        tokens, positions, eos_bias, allowed, table, *cache = step.real_inputs(4)
         lengths = check_lengths(4, step.context)
         assert positions[:, 0].tolist() == lengths and len(set(lengths)) == 4
-        assert span.shape[0] >= max(lengths) + 1 and span.shape[0] % 16 == 0
-        keys = cache[0]  # layer 0's keys (rows, heads, context + 1, width): zeroed as far as the step reads (span)
+        read = table.shape[1] * 16  # the positions the step reads: its rows' blocks, whole
+        assert read >= max(lengths) + 1
+        keys = cache[0]  # layer 0's key pool (blocks * 16, heads, width): zeroed past each prompt as far as it reads
         for row, length in enumerate(lengths):
-            assert keys[row, :, :length].abs().sum() > 0 and keys[row, :, length : span.shape[0]].abs().sum() == 0
-        want = step.uncompiled(tokens, positions, eos_bias, allowed, span, *cache)
+            at = (table[row].repeat_interleave(16) * 16 + torch.arange(16).repeat(table.shape[1]))[:read]
+            assert keys[at[:length]].abs().sum() > 0 and keys[at[length:]].abs().sum() == 0
+        want = step.uncompiled(tokens, positions, eos_bias, allowed, table, *cache)
         assert disagreement(step.logits(want), step.logits(step.traced(*step.real_inputs(4))), step.dtype) is None
 
 

@@ -130,19 +130,19 @@ def test_cuda_steps_compiled_on_the_compilers_thread_replay_as_graphs_on_the_eng
         eager.stop()
         compiled.stop()
     assert got == want and again == want
-    assert not step.graphs.failed and {(1, columns) for columns in (16, 32, 48, 64, 80)} <= set(step.graphs.graphs)
+    assert not step.graphs.failed and {(1, columns) for columns in (32, 48, 64, 80)} <= set(step.graphs.graphs)
 
 
 def test_a_step_reads_its_longest_rows_columns_rounded_up():
     step = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 8).step
-    assert step.bucket(1, 1) == (1, 16) and step.bucket(3, 17) == (4, 32) and step.bucket(8, 64) == (8, 64)
+    assert step.bucket(1, 1) == (1, 32) and step.bucket(3, 17) == (4, 32) and step.bucket(8, 64) == (8, 64)
     assert step.compile_order(8) == [1, 8, 2, 4]  # one graph per row count: one row, full load, the rest
 
 
 @pytest.mark.compile
 def test_one_compiled_graph_serves_every_column_count_up_to_the_context(rope_built):
-    """Positions up to the last one: at 128 of 128 columns the view spans a whole row of the cache,
-    strided as the shorter ones only because the cache keeps a spare column."""
+    """Positions up to the last one: at 128 of 128 columns the table view spans a whole row of the tables,
+    strided as the shorter views."""
     model, compiled = rope_built.model, rope_built.engine
     assert rope_built.finished and 1 in compiled.runner.step.compiled
     prompt, params = [5, 17, 3, 42], SamplingParams(max_new_tokens=124, temperature=0, eos_bias=float("-inf"))

@@ -147,25 +147,27 @@ def test_a_long_context_is_capped_for_the_static_cache(tmp_path):
     assert model.config.context_length == 32 and load_gpt(folder)[0].config.context_length == 64
 
 
-def test_the_kv_cache_fits_its_budget_by_cutting_each_slots_context(tmp_path):
-    """As llama.cpp splits -c over its slots: within kv_cache_mb, every slot keeps the same, shorter context."""
-    from server.execution.decoder.runner import fit_context
+def test_the_kv_pool_fits_its_budget_and_a_request_may_use_the_whole_context(tmp_path):
+    """kv_cache_mb sizes one pool of blocks that every request draws on (no context split over slots): a request
+    may hold up to the model's context, or the pool's positions where they are fewer."""
+    from server.execution.decoder.runner import GPTRunner, pool_blocks
     from server.execution.loader import load_runner
 
     folder = stored(tmp_path, "llama")[1]
     model, _ = load_gpt(folder)
-    per_position = 2 * 2 * (2 * 8) * 4  # layers x (keys, values) x (2 KV heads x 8 channels) x float32
-    assert fit_context(model, 4, 4 * 65 * per_position) == 64  # the whole context, and the spare column
-    assert fit_context(model, 4, 4 * 64 * per_position) == 48
-    with pytest.raises(ValueError, match="kv_cache_mb: 4 slots of 16 positions"):
-        fit_context(model, 4, 4 * 16 * per_position)
+    per_block = 16 * 2 * 2 * (2 * 8) * 4  # positions x layers x (keys, values) x (2 KV heads x 8 channels) x float32
+    assert pool_blocks(model, 4, 10 * per_block) == 10 and pool_blocks(model, 4, None) == 4 * 4 + 1
+    with pytest.raises(ValueError, match="kv_cache_mb: a pool of 2 blocks"):
+        pool_blocks(model, 4, per_block)
     runner = load_runner("decoder", folder, torch.device("cpu"), torch.float32, 64, kv_cache_mb=1)
-    assert runner.facts.context_length == 48 and runner.facts.kv_cache_bytes <= 2**20
+    assert runner.facts.context_length == 64 and runner.facts.kv_cache_bytes <= 2**20
+    assert runner.facts.kv_blocks == 2**20 // per_block
     engine = GenerationEngine(runner, max_batch_size=64)
-    with pytest.raises(ValueError, match="context is 48"):
-        engine.submit(list(range(3, 60)), SamplingParams(), lambda e: None)
-    with pytest.raises(CheckpointError, match="kv_cache_mb: 1024 slots"):
-        load_runner("decoder", folder, torch.device("cpu"), torch.float32, 1024, kv_cache_mb=1)
+    engine.submit(list(range(3, 60)), SamplingParams(), lambda e: None)  # 57 of the 64 positions: one request may
+    with pytest.raises(ValueError, match="context is 64"):
+        engine.submit(list(range(3, 67)), SamplingParams(), lambda e: None)
+    small = GPTRunner(model, None, 4, blocks=3)  # two usable blocks: 32 positions, fewer than the context
+    assert small.facts.context_length == 32
 
 
 def test_derived_options_are_derived_again_when_a_config_changes():

@@ -63,7 +63,7 @@ def test_bf16_prefills_run_the_prepacked_copy_with_the_models_numbers():
     packed.register_forward_hook(lambda *args: calls.append(1))
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     with torch.inference_mode():
-        got = runner.prefill([0, 1], prompts)
+        got = runner.prefill([0, 1], prompts, [[1, 2], [3, 4]], [0, 0])
         for row, prompt in enumerate(prompts):
             want = model(torch.tensor([prompt])).logits[0, -1].float()
             assert got[row].argmax() == want.argmax()
@@ -136,12 +136,12 @@ def test_once_the_compiler_is_done_the_plain_weights_are_freed_and_the_model_run
     parameters, plain = runner.facts.parameters, plain_weights(model)
     prompt = [5, 6, 7, 8, 9]
     with torch.inference_mode():
-        before = runner.prefill([0], [prompt]), runner.logits(prompt)
+        before = runner.prefill([0], [prompt], [[1, 2]], [0]), runner.logits(prompt)
         runner.compiler_done()
         gc.collect()
         assert plain and all(w() is None for w in plain), "a plain weight is still held"
         assert not any(isinstance(m, nn.Linear) for m in model.modules())
-        after = runner.prefill([0], [prompt]), runner.logits(prompt)
+        after = runner.prefill([0], [prompt], [[1, 2]], [0]), runner.logits(prompt)
     assert torch.equal(before[0], after[0])  # the prefill ran the prepacked layers already
     assert torch.equal(before[1].argmax(-1), after[1].argmax(-1))  # scoring reads the same model
     fresh = tiny_gpt(vocab_size=97, context_length=64)

@@ -6,24 +6,26 @@ import torch
 from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
 from server.execution.compiler import BackgroundCompiler, Pass
-from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.runner import GPTRunner, prompt_group
 from server.execution.decoder.verify_pass import VerifyPass
 from server.execution.kernel_choice import inductor_settings
-from server.execution.runner import right_padded
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started
 
 
 def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
-    """The group's logits and written cache, eagerly and compiled (the same slots, from the same cache)."""
-    ids, positions, last = right_padded(slots, prompts, 0, runner.device)
+    """The group's logits and written pool, eagerly and compiled (the same blocks, from the same zeroed pool): each
+    prompt in blocks of its own, scattered (the slots name where they start)."""
+    width = -(-max(len(p) for p in prompts) // 16)
+    tables = [[1 + (slot * width + i) * 3 % (runner.step.cache.blocks - 1) for i in range(width)] for slot in slots]
+    ids, positions, last, table = prompt_group(prompts, [0] * len(prompts), tables, 0, runner.device)
     out = []
     for fn in (runner.prompts.uncompiled, runner.prompts.compiled[None]):
-        cache = runner.step.cache.view(len(prompts), runner.step.context + 1, start=slots[0])
-        for t in cache.tensors():
+        pools = runner.step.cache.tensors()
+        for t in pools:
             t.zero_()
-        logits = fn(ids, positions, last, *cache.tensors())
-        out.append((logits.clone(), [t.clone() for t in cache.tensors()]))
+        logits = fn(ids, positions, last, table, *pools)
+        out.append((logits.clone(), [t.clone() for t in pools]))
     return out
 
 
@@ -109,9 +111,9 @@ def test_a_one_token_prompt_runs_eagerly():
 
     runner.prompts.compiled[None] = refuse
     with torch.inference_mode():
-        assert runner.prefill([0], [[5]]).shape == (1, 97)
+        assert runner.prefill([0], [[5]], [[1]], [0]).shape == (1, 97)
         with pytest.raises(AssertionError, match="one-token"):
-            runner.prefill([0], [[5, 6]])
+            runner.prefill([0], [[5, 6]], [[1]], [0])
 
 
 @pytest.mark.parametrize("features", [AVX2, AVX512_BF16], ids=["avx2", "avx512_bf16"])

@@ -57,9 +57,11 @@ def test_a_regional_step_compiles_one_region_for_all_blocks_and_gives_the_eager_
         assert len(calls) == len(blocks) and len({n.args[0].target for n in calls}) == 1
         _, columns = step.bucket(rows, 40)
         with torch.inference_mode():  # as the engine makes them
-            tok, pos, bias, allowed, *cache = step.inputs(rows, columns)
+            tok, pos, bias, allowed, *cache = step.inputs(rows, columns)  # cache: the tables' view, the pools
             tok[:, 0] = torch.arange(rows) * 11 % 97
             pos[:, 0] = torch.arange(rows) * 3 + 20
+            n = cache[0].shape[1]
+            cache[0].copy_(torch.arange(rows * n).view(rows, n) * 5 % (step.cache.blocks - 1) + 1)  # scattered
             want = step.traced(tok, pos, bias, allowed, *cache)
             with no_recompiles():
                 got = step.compiled[rows](tok, pos, bias, allowed, *cache)
@@ -127,10 +129,11 @@ def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_
         ran.append(inputs[0].shape[0])
         return step.uncompiled(*inputs)
 
-    three = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3)  # bucket 4
-    one = ([4], [3], [0.0], [None])  # bucket 1
+    tables = [[1], [2], [3]]  # a block a sequence
+    three = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3, tables)  # bucket 4
+    one = ([4], [3], [0.0], [None], tables[:1])  # bucket 1
     with torch.inference_mode():
-        runner.prefill([0, 1, 2], [[5, 17, 3], [1, 2], [9, 9, 9, 9]])
+        runner.prefill([0, 1, 2], [[5, 17, 3], [1, 2], [9, 9, 9, 9]], tables, [0, 0, 0])
         want = step(*three)  # nothing built: eager on 4 rows
         step.compiled[8] = built
         got = step(*three)  # 8 <= 3 x 4
@@ -162,9 +165,10 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
     region = next(m for name, m in traced[0].named_modules() if "subgraph" in name)
     assert any(n.target is torch.ops.tinyserve.prepacked_linear.default for n in region.graph.nodes)
     with torch.inference_mode():
-        inputs = step.inputs(2, 16)
-        for t in inputs[5:]:  # the cache (inputs[4] is the span of columns read)
+        inputs = step.inputs(2, 32)
+        for t in inputs[5:]:  # the pools (inputs[4] is the tables' view of the blocks read)
             t.normal_()
+        inputs[4].copy_(torch.tensor([[3, 1], [2, 4]]))
         inputs[0][:, 0] = torch.tensor([5, 9])
         inputs[1][:, 0] = torch.tensor([3, 7])
         want = step.regional(*inputs)

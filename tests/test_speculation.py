@@ -55,7 +55,7 @@ class Checker:
         self.facts = types.SimpleNamespace(verify_tokens=4, context_length=context)
         self.greedy, self.calls = greedy, []
 
-    def verify(self, tokens, position, eos_bias):
+    def verify(self, tokens, position, eos_bias, table):
         self.calls.append((tokens, position, eos_bias))
         return self.greedy, [-float(i) for i in range(len(self.greedy))]
 
@@ -64,10 +64,10 @@ def test_a_check_takes_the_pending_token_and_padded_drafts_with_each_tokens_eos_
     lookup, tokens = PromptLookup(), [1, 2, 3, 9, 1, 2]
     lookup.index(tokens)
     runner = Checker([3, 9, 5, 7])
-    made = speculate(runner, lookup, tokens, 6, lambda i: 10.0 * i, limit=3)
+    made = speculate(runner, lookup, tokens, 6, lambda i: 10.0 * i, limit=3, table=[1])
     assert runner.calls == [([2, 3, 9, 1], 6, [0.0, 10.0, 20.0, 30.0])]  # "1 2" went on with 3 9 1
     assert made == ([3, 9, 5], [0.0, -1.0, -2.0], 3)  # 3 and 9 agreed, then the model's own 5
-    speculate(runner, lookup, tokens, 6, lambda i: 0.0, limit=1)
+    speculate(runner, lookup, tokens, 6, lambda i: 0.0, limit=1, table=[1])
     assert runner.calls[-1][0] == [2, 3, 3, 3]  # one draft, padded
 
 
@@ -75,11 +75,11 @@ def test_no_check_runs_past_the_context_or_without_a_draft():
     lookup, tokens = PromptLookup(), [1, 2, 1]
     lookup.index(tokens)
     runner = Checker([2, 1, 2, 1], context=20)
-    assert speculate(runner, lookup, tokens, 16, lambda i: 0.0, limit=3) is not None  # positions 16..19
-    assert speculate(runner, lookup, tokens, 17, lambda i: 0.0, limit=3) is None
+    assert speculate(runner, lookup, tokens, 16, lambda i: 0.0, limit=3, table=[1, 2]) is not None  # positions 16..19
+    assert speculate(runner, lookup, tokens, 17, lambda i: 0.0, limit=3, table=[1, 2]) is None
     tokens += [7]
     lookup.index(tokens)
-    assert speculate(runner, lookup, tokens, 10, lambda i: 0.0, limit=3) is None
+    assert speculate(runner, lookup, tokens, 10, lambda i: 0.0, limit=3, table=[1]) is None
     assert len(runner.calls) == 1
 
 

@@ -28,6 +28,13 @@ class EngineCollector(Collector):
             "tinyserve_draft_tokens_agreed", "draft tokens the model agreed with", labels=["model"]
         )
         finished = CounterMetricFamily("tinyserve_generations", "finished generations", labels=["model", "reason"])
+        prompt = CounterMetricFamily(
+            "tinyserve_prompt_tokens", "prompt tokens admitted (paged KV pool)", labels=["model"]
+        )
+        cached = CounterMetricFamily(
+            "tinyserve_prompt_tokens_cached", "prompt tokens read from cached blocks, not prefilled", labels=["model"]
+        )
+        held = GaugeMetricFamily("tinyserve_kv_blocks_held", "KV pool blocks held by requests", labels=["model"])
         for m in self.models().values():
             if m.engine is not None:
                 queue.add_metric([m.id], m.engine.stats.queued)
@@ -39,7 +46,11 @@ class EngineCollector(Collector):
                 agreed.add_metric([m.id], m.engine.stats.draft_tokens_agreed)
                 for reason, n in m.engine.stats.finished.items():
                     finished.add_metric([m.id, reason], n)
-        yield from (queue, batch, tokens, steps, prefills, drafted, agreed, finished)
+                if (blocks := m.engine.blocks) is not None:
+                    prompt.add_metric([m.id], blocks.stats.prompt_tokens)
+                    cached.add_metric([m.id], blocks.stats.cached_tokens)
+                    held.add_metric([m.id], blocks.held())
+        yield from (queue, batch, tokens, steps, prefills, drafted, agreed, finished, prompt, cached, held)
 
 
 class Metrics:

@@ -5,13 +5,14 @@ reader expects (vLLM's schedule -> execute -> update):
 1. schedule: retire finished, cancelled or timed-out rows, admit waiting requests that fit;
 2. run: decode the running rows' last tokens (one step for all, or several back to back while every row is
    greedy and none was admitted: `steps_per_schedule`; a lone row's drafts checked in one pass: `draft_tokens`),
-   then prefill the admitted prompts;
+   then prefill the admitted prompts (their uncached tails: prefix caching);
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
-Requests join and leave the batch independently. Running request i owns the runner's slot i; a retired
-request's slot is refilled by moving the last one into it, so a step always covers slots 0..n-1 (for
-our GPT, a fixed-shape step that can be compiled).
+Requests join and leave the batch independently. Running request i is row i of a step; a retired request's row
+is refilled by moving the last one into it, so a step always covers rows 0..n-1 (for our GPT, a fixed-shape step
+that can be compiled). A request is admitted when a row is free and, where the runner's KV cache is a paged pool
+(our decoder), the blocks it may need (server/engine/request_blocks.py).
 
 Results go back as ids through a per-request callback (`sink`) that only queues them: the text is
 made on the consumer's side (server/engine/output.py), never on the compute thread.
@@ -32,6 +33,7 @@ from models.sampling import Draw, SamplingParams, sample
 from server.config import default
 from server.engine.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.engine.output import RequestOutput
+from server.engine.request_blocks import RequestBlocks
 from server.engine.rows import EngineStats, GenerationRequest, QueueFullError, RunningRow, greedy_draw
 from server.engine.speculation import speculate
 from server.execution.compute_thread import ComputeThread
@@ -49,6 +51,7 @@ class GenerationEngine:
         max_prefill_tokens: int = default("max_prefill_tokens"),
         steps_per_schedule: int = default("steps_per_schedule"),
         draft_tokens: int = default("draft_tokens"),
+        prefix_caching: bool = default("prefix_caching"),
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
         slots = runner.facts.slots
@@ -66,11 +69,14 @@ class GenerationEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.steps_per_schedule = steps_per_schedule
         self.draft_tokens = draft_tokens if runner.facts.verify_tokens else 0  # 0: no speculation
+        facts = runner.facts
+        self.kv = RequestBlocks(facts.kv_blocks, prefix_caching, facts.context_length, facts.verify_tokens)
+        self.blocks = self.kv.pool  # the paged pool's blocks (/info, /metrics); None: static slots
         self.stats = EngineStats()
         self.driver: ComputeThread | None = None  # the compute thread whose loop runs this engine (`drive_with`)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._lock = threading.Lock()
-        self._rows: list[RunningRow] = []  # row i owns slot i of the decode step's cache
+        self._rows: list[RunningRow] = []  # row i of every step
         self._to_sample: list[tuple[RunningRow, torch.Tensor]] = []  # rows whose token the sampler chooses, (V,)
 
     # -- who runs it: a compute thread calls `run_once` while `has_work`; `submit` wakes that thread -----
@@ -170,6 +176,8 @@ class GenerationEngine:
         with self._lock:
             admitted = []
             while self._waiting and len(self._rows) + len(admitted) < self.max_batch_size:
+                if not self.kv.take(self._waiting[0]):
+                    break  # the first in line waits for blocks; none behind it goes first
                 admitted.append(self._waiting.popleft())
             self.stats.queued = len(self._waiting)
         live = []
@@ -199,11 +207,13 @@ class GenerationEngine:
         go to the batch sampler."""
         greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
         vocab = self.runner.facts.vocab_size
+        self.kv.grow(running, 1)
         out = self.runner.decode(
             [row.tokens[-1] for row in running],
             [row.cached for row in running],
             [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
             [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
+            [row.req.table for row in running],
         )
         sampled = [i for i, g in enumerate(greedy) if not g]
         copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
@@ -234,11 +244,13 @@ class GenerationEngine:
         while ahead < steps:
             made = self._verified(running, ahead, steps - ahead)
             if made is None:
+                self.kv.grow(running, ahead + 1)
                 out = self.runner.decode(
                     tokens,
                     [row.cached + ahead for row in running],
                     [row.sampling.eos_logit_bias(ahead) for row in running],
                     [None] * len(running),  # unconstrained
+                    [row.req.table for row in running],
                 )
                 made = [[(token, logprob)] for token, logprob in zip(out.greedy, out.logprobs, strict=True)]
             self.stats.decode_steps += 1
@@ -255,7 +267,10 @@ class GenerationEngine:
         row, bias = running[0], running[0].sampling.eos_logit_bias
         limit = min(self.draft_tokens, budget - 1)
         lookup, tokens = row.lookup()
-        made = speculate(self.runner, lookup, tokens, row.cached + ahead, lambda i: bias(ahead + i), limit)
+        self.kv.grow(running, ahead + self.runner.facts.verify_tokens)
+        made = speculate(
+            self.runner, lookup, tokens, row.cached + ahead, lambda i: bias(ahead + i), limit, row.req.table
+        )
         if made is None:
             return None
         tokens, logprobs, drafted = made
@@ -268,8 +283,8 @@ class GenerationEngine:
         and grouped so that a group's padded size stays within max_prefill_tokens: one forward pass per group
         instead of one per request (time to first token under load), no long prompt padding many short ones."""
         group: list[GenerationRequest] = []
-        for req in sorted(reqs, key=lambda r: len(r.prompt_ids)):
-            if group and (len(group) + 1) * len(req.prompt_ids) > self.max_prefill_tokens:
+        for req in sorted(reqs, key=self.kv.uncached):
+            if group and (len(group) + 1) * self.kv.uncached(req) > self.max_prefill_tokens:
                 self._prefill(group)
                 group = []
             group.append(req)
@@ -278,10 +293,16 @@ class GenerationEngine:
         self.stats.running = len(self._rows)
 
     def _prefill(self, reqs: list[GenerationRequest]) -> None:
-        """The prompts into the next free slots, in one call to the runner."""
+        """The prompts' uncached tails into the next free rows (through their blocks), in one call to the runner;
+        their full blocks then findable by later prompts."""
         slots = list(range(len(self._rows), len(self._rows) + len(reqs)))
         try:
-            logits = self.runner.prefill(slots, [req.prompt_ids for req in reqs])
+            logits = self.runner.prefill(
+                slots,
+                [req.prompt_ids for req in reqs],
+                [req.table for req in reqs],
+                [self.kv.cached(req) for req in reqs],
+            )
         except Exception as e:  # a failed prefill fails its request, not its group or the engine
             log.exception("a prefill of %d prompts failed", len(reqs))
             if len(reqs) > 1:
@@ -291,6 +312,8 @@ class GenerationEngine:
                 self._finish_request(reqs[0], "error", f"{type(e).__name__}: {e}")
             return
         self.stats.prefill_passes += 1
+        for req in reqs:
+            self.kv.written(req, req.prompt_ids, len(req.prompt_ids))
         for req, row_logits in zip(reqs, logits, strict=True):  # a new row's first token: always the sampler's
             row = RunningRow(req, min(req.params.max_new_tokens, self.context_length - len(req.prompt_ids)))
             self._rows.append(row)
@@ -317,6 +340,7 @@ class GenerationEngine:
             draws, row.draws = row.draws, []
             for draw in draws:
                 self._advance(row, draw)
+            self.kv.written(row.req, row.tokens, row.cached)  # the full blocks: findable by later prompts
 
     def _compact(self, kept: list[RunningRow]) -> None:
         """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
@@ -370,10 +394,14 @@ class GenerationEngine:
 
     def _finish_request(self, req: GenerationRequest, reason: str, message: str = "") -> None:
         """A request that ends without a row (withdrawn, cancelled before admission, its prefill failed)."""
+        self.kv.release(req)
         self.stats.finished[reason] += 1
         self._emit(req, Retired(reason, 0, len(req.prompt_ids), message))
 
     def _finish(self, row: RunningRow, reason: str, message: str = "") -> None:
+        """The row ends here: its blocks let go (those its written tokens fill kept findable) before its client
+        hears of it; the next schedule retires it."""
+        self.kv.release(row.req, row.tokens, row.cached)
         row.finished = True
         self.stats.finished[reason] += 1
         self._emit(row.req, Retired(reason, row.generated, len(row.req.prompt_ids), message))

@@ -13,6 +13,7 @@ import torch
 
 from models.sampling import Draw, SamplingParams, SequenceState, reported_logprob
 from server.engine.events import EngineOutput
+from server.engine.kv_blocks import Holding
 from server.engine.speculation import PromptLookup
 
 
@@ -36,6 +37,12 @@ class GenerationRequest:
         self.cancelled = threading.Event()
         self.end_reason = "cancelled"  # why it was asked to end, as its Retired output says
         self._withdraw = withdraw
+        self.blocks: Holding | None = None  # its KV blocks, from admission on (a paged runner's: kv_blocks.py)
+
+    @property
+    def table(self) -> list[int]:
+        """Its block table (empty where the runner keeps a static slot a row)."""
+        return self.blocks.table if self.blocks is not None else []
 
     def end(self, reason: str) -> None:
         """Leave the waiting queue now, or stop at the next step: `reason` is what the output side found

@@ -56,11 +56,12 @@ def speculate(
     position: int,
     eos_bias: Callable[[int], float],
     limit: int,
+    table: list[int],
 ) -> tuple[list[int], list[float], int] | None:
     """A sequence's next tokens from one draft check: its pending token (the last of `tokens`, indexed by `lookup`,
-    at `position` of
-    slot 0) and up to `limit` drafts in one pass (the runner's `verify`); the greedy token after the pending one
-    and after each draft token the model agreed with, their logprobs, and how many tokens were drafted.
+    at `position` of the sequence whose block table `table` is) and up to `limit` drafts in one pass (the runner's
+    `verify`); the greedy token after the pending one and after each draft token the model agreed with, their
+    logprobs, and how many tokens were drafted.
     eos_bias(i): the EOS bias of the token after the i-th. None where there is no draft, no draft check ready,
     or the pass would run past the context: decode a step instead."""
     width = runner.facts.verify_tokens
@@ -68,7 +69,7 @@ def speculate(
     if not draft or position + width > runner.facts.context_length:
         return None
     padded = [tokens[-1], *draft] + [draft[-1]] * (width - 1 - len(draft))  # what follows is not read
-    checked = runner.verify(padded, position, [eos_bias(i) for i in range(width)])
+    checked = runner.verify(padded, position, [eos_bias(i) for i in range(width)], table)
     if checked is None:
         return None
     greedy, logprobs = checked

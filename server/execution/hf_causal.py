@@ -5,6 +5,10 @@ head_dim), as our decoder's static cache does (`SlotCache`, a transformers `Cach
 at their own positions, a prefill writes a group of right-padded prompts in one pass, and a decode step
 writes each row's new column where it belongs and attends over the first `columns` (the longest row's),
 the shorter rows' later columns masked. Nothing is copied between steps.
+
+Not the paged pool our decoder serves from (server/engine/kv_blocks.py): transformers' attention reads one
+contiguous cache per layer, and its paged kernels are CUDA's; so this runner keeps a static slot a sequence (its
+`facts.kv_blocks` is 0), which the engine admits by slots and prefills whole, without prefix caching.
 """
 
 from __future__ import annotations
@@ -146,10 +150,13 @@ class HFCausalLMRunner:
         )
         self.cache = SlotCache(c.num_hidden_layers, max_rows, context)
 
-    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], tables: object = None, starts: object = None
+    ) -> torch.Tensor:
         """Right-padded prompts (B, T) in one pass into their consecutive slots; a row's padding lands past
         its prompt, where its decode steps write (causal attention alone: a padding mask would leave the
-        padded queries with no key, and NaN in the columns they write)."""
+        padded queries with no key, and NaN in the columns they write). No block tables (facts.kv_blocks is 0:
+        every prompt is prefilled whole)."""
         ids, positions, last = right_padded(slots, prompts, self.facts.eos_id, self.device)
         out = self.model(
             input_ids=ids,
@@ -160,7 +167,12 @@ class HFCausalLMRunner:
         return out.logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
 
     def decode(
-        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+        self,
+        tokens: list[int],
+        positions: list[int],
+        eos_bias: list[float],
+        allowed: list[np.ndarray | None],
+        tables: object = None,
     ) -> StepOutput:
         n, columns = len(tokens), max(positions) + 1  # position i: where row i's token goes
         at = torch.tensor(positions, device=self.device).view(n, 1)
@@ -181,7 +193,7 @@ class HFCausalLMRunner:
         greedy, logprobs = greedy_choice(logits, bias, self.facts.eos_id, mask)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 
-    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> None:
+    def verify(self, tokens: list[int], position: int, eos_bias: list[float], table: object = None) -> None:
         return None  # no draft check (facts.verify_tokens is 0): transformers' eager forward gains nothing from one
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from models.kv_cache import BLOCK_TOKENS
 from server.execution.huge_pages import on_huge_pages
 
 log = logging.getLogger("tinyserve")
@@ -35,19 +35,18 @@ def load_runner(
     quantize = quantize_int8 if weights == "int8" else (lambda model: model)
     budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
     if runner == "decoder":  # ours, or a family model_store/families.py maps onto it
-        from server.execution.decoder.runner import GPTRunner, fit_context
+        from server.execution.decoder.runner import GPTRunner, pool_blocks
 
         model, tokenizer = load_gpt(folder, device, dtype, max_context)
         family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
-        full = model.config.context_length
         try:
-            model.config = replace(model.config, context_length=fit_context(model, max_rows, budget))
+            blocks = pool_blocks(model, max_rows, budget)
         except ValueError as e:
             raise CheckpointError(folder, str(e)) from None
         model = quantize(model)
         on_huge_pages(model)  # before the runner's copies of it (prepacked layers) and its cache
-        served = GPTRunner(model, tokenizer, max_rows, family)
-        return cut_context_logged(served, folder, full, kv_cache_mb)
+        served = GPTRunner(model, tokenizer, max_rows, family, blocks)
+        return cut_context_logged(served, folder, model.config.context_length, kv_cache_mb)
     if runner == "transformers":
         from server.execution.hf_causal import HFCausalLMRunner, served_context
 
@@ -67,7 +66,12 @@ def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None)
     """The runner, after one start-up line where kv_cache_mb cut its slots' context."""
     if runner.facts.context_length < full:
         log.warning(
-            "%s: %d positions a slot (of %d): %d slots fill kv_cache_mb=%d",
-            folder.name, runner.facts.context_length, full, runner.facts.slots, kv_cache_mb,
+            "%s: %d positions a request (of %d): kv_cache_mb=%d holds no more",
+            folder.name, runner.facts.context_length, full, kv_cache_mb,
+        )  # fmt: skip
+    elif blocks := runner.facts.kv_blocks - 1:
+        log.info(
+            "%s: KV pool of %d blocks (%d positions) for up to %d requests, each up to %d positions",
+            folder.name, blocks, blocks * BLOCK_TOKENS, runner.facts.slots, full,
         )  # fmt: skip
     return runner

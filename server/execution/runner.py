@@ -2,10 +2,10 @@
 model, whatever its family (our GPT, a transformers causal LM). A new family is one class with these
 methods, registered in server/execution/__init__.py (docs/ADDING_A_MODEL_FAMILY.md).
 
-Slots: the engine keeps up to `max_rows` running sequences; sequence i of a decode step lives in slot
-i. A runner stores each slot's keys and values in static buffers (our decoder: its `StaticKVCache`; a
-transformers model: `SlotCache`), says how many slots it has (`facts.slots`), and the engine only names
-slots.
+Rows and blocks: the engine keeps up to `facts.slots` running sequences; sequence i of a decode step is row i.
+Our decoder keeps keys and values in a paged pool of `facts.kv_blocks` blocks (models/kv_cache.py, `PagedKVCache`)
+that the engine hands out (server/engine/kv_blocks.py) and names per sequence in a block table; a transformers
+model keeps them in a static slot a row (`SlotCache`, its facts.kv_blocks 0), and ignores the tables.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class ModelFacts:
     attention_settings: dict = field(default_factory=dict)  # what /models and the demo page show
     config: dict = field(default_factory=dict)  # the checkpoint's config as loaded
     parameters: int = 0  # the checkpoint's, counted at load (its layers may be packed later)
-    kv_cache_bytes: int = 0  # what the runner's static KV cache holds for its slots (0: none preallocated)
+    kv_cache_bytes: int = 0  # what the runner's KV cache holds (0: none preallocated)
     slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
+    kv_blocks: int = 0  # blocks of its paged KV pool (the engine hands them out); 0: a static slot a sequence
     verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
 
 
@@ -118,27 +119,39 @@ class CausalLMRunner(Protocol):
     tokenizer: TextCodec
     model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
 
-    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Run each prompt into its slot (the engine gives consecutive free slots); next-token logits
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], tables: list[list[int]], starts: list[int]
+    ) -> torch.Tensor:
+        """Run each prompt into its slot (the engine gives consecutive free rows) or through its block table, from
+        its start on (the positions before it are cached blocks; 0 where facts.kv_blocks is 0); next-token logits
         (n, vocab), float32 on the CPU."""
         ...
 
     def decode(
-        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+        self,
+        tokens: list[int],
+        positions: list[int],
+        eos_bias: list[float],
+        allowed: list[np.ndarray | None],
+        tables: list[list[int]],
     ) -> StepOutput:
-        """One step for the sequences in slots 0..n-1: token i is at position i; eos_bias[i] is added to
-        row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
+        """One step for the sequences of rows 0..n-1 (their block tables): token i is at position i; eos_bias[i] is
+        added to row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
         (a constraint's mask; None: any token)."""
         ...
 
-    def verify(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
-        """The draft check of the sequence in slot 0 (where facts.verify_tokens > 0): its pending token and drafts,
-        facts.verify_tokens of them from `position`, in one pass; the greedy token after each (eos_bias[i] added to
-        the end-of-text logit after token i) and its logprob. None where no fast pass is ready: decode instead."""
+    def verify(
+        self, tokens: list[int], position: int, eos_bias: list[float], table: list[int]
+    ) -> tuple[list[int], list[float]] | None:
+        """The draft check of one sequence (its block table given; where facts.verify_tokens > 0): its pending token
+        and drafts, facts.verify_tokens of them from `position`, in one pass; the greedy token after each (eos_bias[i]
+        added to the end-of-text logit after token i) and its logprob. None where no fast pass is ready: decode
+        instead."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """Slot src's first `length` positions now belong to slot dst (the engine compacts its batch)."""
+        """Row src's first `length` positions now belong to row dst (the engine compacts its batch; nothing to do
+        for a paged cache)."""
         ...
 
     def logits(self, ids: list[int]) -> torch.Tensor:

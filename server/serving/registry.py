@@ -164,7 +164,13 @@ class ModelRegistry:
                 family.runner, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb
             )
             engine = GenerationEngine(
-                runner, s.max_batch_size, s.max_queue, s.max_prefill_tokens, s.steps_per_schedule, s.draft_tokens
+                runner,
+                s.max_batch_size,
+                s.max_queue,
+                s.max_prefill_tokens,
+                s.steps_per_schedule,
+                s.draft_tokens,
+                s.prefix_caching,
             )
             return ServedModel(
                 id=model_id,

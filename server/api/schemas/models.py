@@ -57,6 +57,7 @@ INFO_SETTINGS = (
     "default_eos_bias",
     "max_context",
     "kv_cache_mb",
+    "prefix_caching",
 )
 
 
@@ -65,7 +66,13 @@ class ServedState(BaseModel):
     devices: list[str]
     auth: bool = Field(description="whether requests need a bearer token (api_token is set)")
     kv_cache_bytes: dict[str, int] = Field(
-        description="per model, the bytes its static KV cache holds (max_batch_size slots x its served context)"
+        description="per model, the bytes its KV cache holds (our decoder: its pool of blocks, sized by kv_cache_mb; "
+        "a transformers model: max_batch_size slots x its served context)"
+    )
+    kv_pool: dict[str, dict] = Field(
+        description="per model served from a paged KV pool: its blocks and tokens, the blocks held, the free blocks "
+        "still holding a cached prefix, the longest request it could admit now, and the prompt tokens served from "
+        "cached blocks (prefix caching) with their share"
     )
     context: dict[str, int] = Field(description="per model, the positions a sequence may reach as served")
     compile_seconds: dict[str, dict[str, float]] = Field(

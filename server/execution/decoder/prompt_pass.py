@@ -1,10 +1,11 @@
-"""The prompts' pass (prefill) of the GPT over its static KV cache: eager, or one compiled graph for every shape.
+"""The prompts' pass (prefill) of the GPT over its paged KV cache: eager, or one compiled graph for every shape.
 
-A prefill group is B right-padded prompts of T tokens written into B consecutive slots (GPTRunner.prefill).
-Both B and T are compiled dynamic, so one graph serves every group. The pass takes the slots' cache rows whole
-and writes their first T columns (T the ids' length), as the decode step takes a span: every layer's cache then
-has the one dynamic size B, so the graph is built regionally (one block for all layers, over the eager model's
-prepacked layers: no copy of the weights, seconds to build, cached), or whole where a regional build fails.
+A prefill group is B right-padded prompts of T tokens, each from its own first position on (the positions before
+it are cached blocks it shares: server/engine/kv_blocks.py), written into the blocks of its table
+(GPTRunner.prefill). B, T, the tables' width and the pools' size are compiled dynamic, so one graph serves every
+group; every layer's pools have the one size, so the graph is built regionally (one block for all layers, over the
+eager model's prepacked layers: no copy of the weights, seconds to build, cached), or whole where a regional build
+fails.
 Compiled, a prefill is faster than eager for one prompt and for a group (docs/BENCHMARKS.md). On CUDA the prompts
 stay eager: its graphs run through dynamo, which specialises a dimension of size 1 and would recompile for a lone
 prompt on the request path.
@@ -17,11 +18,11 @@ from collections.abc import Callable
 import torch
 
 from models.gpt import GPT
-from models.kv_cache import StaticKVCache
-from server.execution.decoder.step import DecodeStep, forward_over
+from models.kv_cache import PagedKVCache
+from server.execution.decoder.step import SCRATCH_BLOCKS, DecodeStep, forward_over, scratch_pools
 
-# (ids (B, T), positions (B, T), last (B,), *cache rows (B, *, context + 1, *)) -> next-token logits (B, vocab);
-# writes the prompts' keys and values into the rows' first T columns
+# (ids (B, T), positions (B, T), last (B,), table (B, N), *pools) -> next-token logits (B, vocab); writes the
+# prompts' keys and values at their positions, through the tables
 PromptFn = Callable[..., torch.Tensor]
 
 EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (sizes of 0 and 1 would specialise)
@@ -32,10 +33,11 @@ def prompt_pass(model: GPT) -> PromptFn:
 
     forward = forward_over(model)
 
-    def prefill(ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, table: torch.Tensor, *pools: torch.Tensor
+    ) -> torch.Tensor:
         """-> the logits after each row's last prompt token (B, vocab)."""
-        columns = [t[:, :, : ids.shape[1]] for t in cache]  # (B, *, T, *)
-        return forward(ids, positions, columns, logits_at=last)[:, 0]
+        return forward(ids, positions, table, pools, logits_at=last)[:, 0]
 
     return prefill
 
@@ -67,40 +69,43 @@ class PromptPass:
         return None  # any: a dynamic dimension
 
     def example(self, bucket: None) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs strided as a live group's (right_padded's ids and positions, the cache's rows of its
-        slots), their group and prompt sizes dynamic."""
+        """Scratch inputs strided as a live group's (right_padded's ids, positions and tables), over a scratch
+        pool; the group and prompt sizes, the tables' width and the pool's size dynamic."""
         B, T = EXAMPLE_ROWS, EXAMPLE_TOKENS
         generator = torch.Generator(device=self.device).manual_seed(0)
         ids = torch.randint(self.vocab_size, (B, T), generator=generator, device=self.device)
-        positions = torch.arange(T, device=self.device).expand(B, T)
+        positions = torch.arange(T, device=self.device).expand(B, T) + 16  # after a cached block (contiguous)
         last = torch.tensor([T - 1, T // 2], device=self.device)
-        cache = self.step.model.new_cache(B, columns=self.step.context + 1, zeroed=T).tensors()
-        for t in (ids, positions):
+        width = -(-(T + 16) // 16)
+        table = torch.arange(B * width, device=self.device).view(B, width) % (SCRATCH_BLOCKS - 1) + 1
+        pools = scratch_pools(self.step.model, SCRATCH_BLOCKS).tensors()
+        for t in (ids, positions, table):
             torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(t, 1)
         torch._dynamo.mark_dynamic(last, 0)
-        for t in cache:
+        for t in pools:
             torch._dynamo.mark_dynamic(t, 0)
-        return ids, positions, last, *cache
+        return ids, positions, last, table, *pools
 
     def real_inputs(self, bucket: None) -> tuple[torch.Tensor, ...]:
         """A real group's inputs (compiler.py's check): two prompts of the check's text, right-padded."""
         lengths = [EXAMPLE_TOKENS, EXAMPLE_TOKENS // 2 + 1]
         B, T = len(lengths), max(lengths)
         ids = torch.tensor([self.step.check_tokens(5 * row, T) for row in range(B)], device=self.device)
-        positions = torch.arange(T, device=self.device).expand(B, T)
+        positions = torch.arange(T, device=self.device).expand(B, T).contiguous()  # as prompt_group makes them
         last = torch.tensor(lengths, device=self.device) - 1
-        cache = self.step.model.new_cache(B, columns=self.step.context + 1, zeroed=T)  # it reads the first T
-        return ids, positions, last, *cache.tensors()
+        width = -(-T // 16)
+        table = torch.arange(B * width, device=self.device).view(B, width) + 1
+        return ids, positions, last, table, *scratch_pools(self.step.model, B * width + 1).tensors()
 
     def logits(self, output: torch.Tensor) -> torch.Tensor:
         return output
 
     def __call__(
-        self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: StaticKVCache
+        self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: PagedKVCache
     ) -> torch.Tensor:
-        """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written into the first
-        T columns of `cache` (their slots' rows). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
+        """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written through the
+        cache's tables (B, N >= 2). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
         compiled = self.compiled.get(None)
         fn = compiled if compiled is not None and ids.shape[1] > 1 else self.uncompiled
-        return fn(ids, positions, last, *cache.tensors())
+        return fn(ids, positions, last, cache.table, *cache.tensors())

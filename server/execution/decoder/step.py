@@ -1,20 +1,18 @@
-"""One decode step of the GPT over a static KV cache: eager, or compiled per batch-size bucket.
+"""One decode step of the GPT over its paged KV cache: eager, or compiled per batch-size bucket.
 
-The engine's running rows own slots 0..n-1 of the model's `StaticKVCache`. A step over n rows whose longest
-has p tokens runs on b rows (b in 1, 2, 4, ... max rows, padding rows included) and reads the first S
-key columns of each, S = p rounded up to a multiple of 16 (reading all `context` columns of every row
-cost as much as the matrix products at 32 rows). One compiled graph serves each b for every S: the
-column dimension is compiled dynamic, so a model builds 6 graphs instead of one per (b, S) shape.
-Inputs are preallocated tensors written in place, and the cache's rows whole, which is what
-a compiled graph needs, and on CUDA the graph captured per (b, S) shape (server/execution/decoder/cuda_graphs.py). Until
-a b's compiled step is ready (server/execution/compiler.py builds them off the request path), the step runs on a
-larger built bucket (`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers:
-server/execution/decoder/prepacked.py). The step takes
-the cache tensors as arguments rather than reading the model's cache attribute: a compiler freezing the
-weights must see the cache as inputs it mutates, not as constants. It reads their first S columns, S the length
-of a `span` argument (a tensor of S elements, never read): one size, the graph's one dynamic one, for every
-layer, so a regional build traces one block and reuses it for all (views of S columns passed in each had a size
-of their own, and no block's region was reused: a 30-layer model's regional builds failed).
+The model's keys and values live in one `PagedKVCache` pool (models/kv_cache.py) whose blocks the engine hands out
+(server/engine/kv_blocks.py); a step takes each row's block table. A step over n rows whose longest has p tokens
+runs on b rows (b in 1, 2, 4, ... max rows, padding rows included, their tables the null block) and reads the first
+N blocks of each table, N * 16 = p rounded up to a multiple of 16 (at least two blocks: a dimension of size 1 would
+be specialised). One compiled graph serves each b for every N: the table's width is compiled dynamic (and the
+pool's size, so that the compiler traces and checks on small scratch pools), so a model builds 6 graphs instead of
+one per (b, N) shape. Inputs are preallocated tensors written in place, which is what a compiled graph needs, and
+on CUDA the graph captured per (b, N) shape (server/execution/decoder/cuda_graphs.py). Until a b's compiled step is
+ready (server/execution/compiler.py builds them off the request path), the step runs on a larger built bucket
+(`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers: server/execution/decoder/prepacked.py).
+The step takes the pools as arguments rather than reading the model's cache attribute: a compiler freezing the
+weights must see the cache as inputs it mutates, not as constants; every layer's pools have the one size and the
+table is shared, so a regional build traces one block and reuses it for all.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import numpy as np
 import torch
 
 from model_store import GPT
-from models.kv_cache import StaticKVCache
+from models.kv_cache import BLOCK_TOKENS, PagedKVCache, blocks_for
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.execution.compiler import buckets
@@ -37,13 +35,13 @@ from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 from server.execution.runner import StepOutput
 
-# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, span (S,), *cache tensors (b, *, context
-#   + 1, *)) -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); reads and writes the cache's first S
-#   columns
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, table (b, N) block ids, *pools
+#   (blocks * 16, *, width)) -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); writes the tokens'
+#   keys and values at their positions, reads each row's first N * 16
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-COLUMN_STEP = 16  # a step reads its longest row's columns rounded up to this
+COLUMN_STEP = BLOCK_TOKENS  # a step reads its longest row's columns rounded up to whole blocks
 # The most columns a compiled step reads: inductor's CPU code sums more than 4096 floats in chunks, a choice it makes
 # by the size, which a graph for every column count cannot make (its build fails); longer rows' steps run eagerly
 COMPILED_COLUMNS = 4096
@@ -61,13 +59,14 @@ CHECK_TEXT = (
 
 def forward_over(model: GPT, **options) -> Callable[..., torch.Tensor]:
     """The one call of the model behind every pass (the decode step, the prompts' pass, the draft check):
-    forward(ids (B, T), positions (B, T), cache tensors, logits_at=None) -> logits (B, T or 1, vocab), the ids'
-    keys and values written into the cache. Each pass is this call and a head that makes what it returns."""
+    forward(ids (B, T), positions (B, T), table (B, N), pools, logits_at=None) -> logits (B, T or 1, vocab), the
+    ids' keys and values written into the rows' blocks. Each pass is this call and a head that makes what it
+    returns."""
 
-    def forward(ids: torch.Tensor, positions: torch.Tensor, cache, logits_at=None) -> torch.Tensor:
-        static = StaticKVCache.from_tensors(cache, model.config.n_layer)
+    def forward(ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, pools, logits_at=None):
+        cache = PagedKVCache.from_tensors(pools, model.config.n_layer).rows(table)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        return model.forward(ids, input_pos=positions, cache=static, logits_at=logits_at, **options).logits
+        return model.forward(ids, input_pos=positions, cache=cache, logits_at=logits_at, **options).logits
 
     return forward
 
@@ -93,12 +92,11 @@ def eager_step(model: GPT, fused_attention: bool) -> StepFn:
         positions: torch.Tensor,
         eos_bias: torch.Tensor,
         allowed: torch.Tensor,
-        span: torch.Tensor,
-        *cache: torch.Tensor,
+        table: torch.Tensor,
+        *pools: torch.Tensor,
     ):
         """-> greedy tokens (b,), their logprobs (b,), the logits (b, vocab)."""
-        columns = [t[:, :, : span.shape[0]] for t in cache]  # (b, *, S, *)
-        logits = forward(tokens, positions, columns)[:, -1]  # (b, vocab)
+        logits = forward(tokens, positions, table, pools)[:, -1]  # (b, vocab)
         return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
 
     return step
@@ -114,38 +112,48 @@ def compile_order(row_buckets: list[int], max_rows: int) -> list[int]:
 
 
 class StepInputs:
-    """A row bucket's inputs besides the cache, preallocated and written in place each step (what a compiled
+    """A row bucket's inputs besides the pools, preallocated and written in place each step (what a compiled
     graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
-    tokens (b, vocab) bool.
+    tokens (b, vocab) bool, block tables (b, the most blocks a row has), read as views of their first N columns.
 
     A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (far cheaper
     than writing them through torch), on CUDA views of pinned twins, copied to the device without a
     synchronisation (each pageable copy waited for the device: three waits a step)."""
 
-    def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, rows: int, vocab_size: int, max_blocks: int, device: torch.device) -> None:
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.eos_bias = torch.zeros(rows, device=device)
         self.allowed = torch.ones((rows, vocab_size), dtype=torch.bool, device=device)
+        self.table = torch.zeros((rows, max_blocks), dtype=torch.long, device=device)
         self.masked: set[int] = set()  # the rows of `allowed` that are not all True
         host = self.tensors() if device.type == "cpu" else tuple(pinned_like(t) for t in self.tensors())
         self.uploads = [] if device.type == "cpu" else list(zip(host, self.tensors(), strict=True))  # (host, device)
         self.arrays = tuple(t.numpy() for t in host)  # made once
+        self.views: dict[int, torch.Tensor] = {}  # N -> the tables' first N columns
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.tokens, self.positions, self.eos_bias, self.allowed
+        return self.tokens, self.positions, self.eos_bias, self.table, self.allowed
 
     def write(
-        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+        self,
+        tokens: list[int],
+        positions: list[int],
+        eos_bias: list[float],
+        allowed: list[np.ndarray | None],
+        tables: list[list[int]],
     ) -> None:
-        """A step's values into rows 0..n-1; padding rows write to column 0 of free slots, which a prefill
-        overwrites. Only the rows with a mask, and those that had one, touch `allowed`."""
+        """A step's values into rows 0..n-1; padding rows write at position 0 of the null block. Only the rows
+        with a mask, and those that had one, touch `allowed`."""
         n = len(tokens)
-        tok, pos, bias, ok = self.arrays
+        tok, pos, bias, table, ok = self.arrays
         tok[:n, 0] = tokens
         pos[:n, 0] = positions
         pos[n:] = 0
         bias[:n] = eos_bias
+        for i, blocks in enumerate(tables):
+            table[i, : len(blocks)] = blocks
+        table[n:] = 0  # padding rows: the null block, never another sequence's
         masks = {i: m for i, m in enumerate(allowed) if m is not None}
         touched = bool(masks or self.masked)
         if touched:
@@ -156,8 +164,13 @@ class StepInputs:
             self.masked = set(masks)
         # pinned twins are rewritten only after the last step's outputs were read back (DecodeStep.read_back),
         # i.e. after the device finished these copies
-        for h, t in self.uploads[: 4 if touched else 3]:
+        for h, t in self.uploads[: 5 if touched else 4]:
             t.copy_(h, non_blocking=True)
+
+    def table_view(self, blocks: int) -> torch.Tensor:
+        if blocks not in self.views:
+            self.views[blocks] = self.table[:, :blocks]
+        return self.views[blocks]
 
 
 def pinned_like(t: torch.Tensor) -> torch.Tensor:
@@ -178,10 +191,22 @@ def check_lengths(rows: int, context: int) -> list[int]:
     return [min(8 + 7 * i % 17, context // 2) for i in range(rows)]
 
 
+SCRATCH_BLOCKS = 11  # a traced pass's scratch pool (its size a dynamic dimension: none of the others' sizes)
+
+
+def scratch_pools(model: GPT, blocks: int) -> PagedKVCache:
+    """A small zeroed pool shaped as the live one but for its size (the graphs take any: a dynamic dimension)."""
+    p = next(model.parameters())
+    return PagedKVCache.empty([b.attn.cache_shapes() for b in model.blocks], blocks, p.dtype, p.device)
+
+
 class DecodeStep:
-    def __init__(self, model: GPT, max_rows: int, check_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, model: GPT, max_rows: int, check_ids: list[int] | None = None, blocks: int | None = None
+    ) -> None:
         """check_ids: the check's text's tokens (CHECK_TEXT, by the checkpoint's tokenizer); without a tokenizer,
-        ids spread over the vocabulary."""
+        ids spread over the vocabulary. blocks: the pool's (the null block included); default: every row's whole
+        context."""
         self.model = model
         vocab = model.config.vocab_size
         self.check_ids = check_ids or [(7 + 131 * i) % vocab for i in range(64)]
@@ -195,10 +220,12 @@ class DecodeStep:
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
         self.uncompiled = eager_step(self.eager_model, fused_attention=True)
+        self.max_blocks = blocks_for(self.context)  # the most a row's table names
+        # the tables' width, one spare column (two at least): every view of N <= max_blocks blocks is then strided
+        # alike; a view of the whole buffer would be contiguous, and a graph built for the others would not take it
+        self.table_width = max(2, self.max_blocks) + 1
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
-            # one spare column: every view of the first S <= context columns is then strided alike; a view
-            # of a whole buffer would be contiguous, and a graph compiled for the others would not take it
-            self.cache = model.new_cache(max_rows, columns=self.context + 1)
+            self.cache = scratch_pools(model, blocks or max_rows * self.max_blocks + 1)
         # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
         # plain model as one whole graph (frozen on the CPU), or regionally (regional.py):
         # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU):
@@ -221,27 +248,20 @@ class DecodeStep:
         self.vocab_size = model.config.vocab_size
         self._rows: dict[int, StepInputs] = {}
         self._host_outputs: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> pinned (greedy, logprobs), CUDA
-        self._views: dict[int, list[torch.Tensor]] = {}  # rows -> the cache's rows, whole
-        self._spans: dict[int, torch.Tensor] = {}  # columns -> a span of that many
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
-        """The (rows, columns) shape for `rows` rows whose longest writes position longest - 1."""
-        columns = min(self.context, -(-longest // COLUMN_STEP) * COLUMN_STEP)
+        """The (rows, columns) shape for `rows` rows whose longest writes position longest - 1: its columns whole
+        blocks, two at least."""
+        columns = max(2 * COLUMN_STEP, min(self.max_blocks * COLUMN_STEP, -(-longest // COLUMN_STEP) * COLUMN_STEP))
         return next(b for b in self.row_buckets if b >= rows), columns
-
-    def move(self, src: int, dst: int, length: int) -> None:
-        self.cache.move(src, dst, length)
 
     def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
         """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
-        the span (S,), the cache's first b rows."""
+        the tables' first N = columns / 16 blocks (b, N), the pools."""
         if rows not in self._rows:
-            self._rows[rows] = StepInputs(rows, self.vocab_size, self.device)
-        if rows not in self._views:
-            self._views[rows] = self.cache.view(rows, self.context + 1).tensors()
-        if columns not in self._spans:
-            self._spans[columns] = torch.empty(columns, dtype=torch.int8, device=self.device)
-        return *self._rows[rows].tensors(), self._spans[columns], *self._views[rows]
+            self._rows[rows] = StepInputs(rows, self.vocab_size, self.table_width, self.device)
+        i = self._rows[rows]
+        return i.tokens, i.positions, i.eos_bias, i.allowed, i.table_view(columns // COLUMN_STEP), *self.cache.tensors()
 
     def compile_order(self, max_rows: int) -> list[int]:
         return compile_order(self.row_buckets, max_rows)
@@ -266,53 +286,54 @@ class DecodeStep:
         return "rows" if rows > 1 and several and self.eager_model is not self.model else None
 
     def example(self, rows: int, shared: bool = False) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs for the compiler: the live cache is the compute thread's, only its shapes are read.
+        """Scratch inputs for the compiler, shaped and strided as the live ones (a table view of the most blocks,
+        pools of another size: both dynamic), over a scratch pool: the live one is the compute thread's.
         shared: the rows dynamic, from 2 to the largest bucket (`shared_graph`)."""
         generator = torch.Generator(device=self.device).manual_seed(0)
-        # views of buffers shaped as the live ones: the same strides, or the compiled graph's guards would
-        # fail on the compute thread and recompile there, on the request path
         _, columns = self.bucket(rows, self.compiled_columns // 2 + 1)
-        full = []
-        for t in self.cache.tensors():  # only the columns the step reads are written (and hold memory)
-            buffer = torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
-            buffer[:, :, :columns].zero_()  # its values are never checked: zeros are the quickest to write
-            full.append(buffer)
-        span = torch.empty(columns, dtype=torch.int8, device=self.device)
-        if self.compiled_columns > COLUMN_STEP:  # more than one column count: one graph for all of them
-            torch._dynamo.mark_dynamic(span, 0, min=COLUMN_STEP, max=self.compiled_columns)
+        blocks = columns // COLUMN_STEP
+        # a few blocks the rows' tables name over and over: only shapes are traced (the values are never checked)
+        pools = scratch_pools(self.model, SCRATCH_BLOCKS).tensors()
+        named = torch.arange(rows * blocks, device=self.device).view(rows, blocks) % (SCRATCH_BLOCKS - 1) + 1
+        table = self.table_like(named, blocks)
+        torch._dynamo.mark_dynamic(table, 1, min=2, max=max(2, self.compiled_columns // COLUMN_STEP))
+        for t in pools:
+            torch._dynamo.mark_dynamic(t, 0)
         tokens = torch.arange(rows, device=self.device).view(rows, 1)
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
         if shared:
-            for t in (tokens, positions, eos_bias, allowed, *full):
+            for t in (tokens, positions, eos_bias, allowed, table):
                 torch._dynamo.mark_dynamic(t, 0, min=2, max=self.max_rows)
-        return tokens, positions, eos_bias, allowed, span, *full
+        return tokens, positions, eos_bias, allowed, table, *pools
 
     def exported(self, rows: int) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
         """The whole step as torch.export takes it (server/execution/packaged.py): over the plain model, on
-        scratch inputs, its one dynamic size the span's columns."""
+        scratch inputs, its dynamic sizes the table's width and the pools' size."""
         example = self.example(rows)
-        columns = torch.export.Dim("columns", min=COLUMN_STEP, max=self.compiled_columns)
-        span = {0: columns} if self.compiled_columns > COLUMN_STEP else None
-        return WholePass(self.model, self.traced), example, (None, None, None, None, span, *[None] * len(example[5:]))
+        blocks = torch.export.Dim("blocks", min=2, max=max(2, self.compiled_columns // COLUMN_STEP))
+        pool = torch.export.Dim("pool", min=COLUMN_STEP)
+        pools = [{0: pool}] * len(example[5:])
+        return WholePass(self.model, self.traced), example, (None, None, None, None, {1: blocks}, *pools)
 
     def check_tokens(self, start: int, length: int) -> list[int]:
         """`length` tokens of the check's text from `start` on (wrapping round)."""
         return [self.check_ids[(start + j) % len(self.check_ids)] for j in range(length)]
 
-    def prefilled(self, lengths: list[int]) -> tuple[StaticKVCache, torch.Tensor]:
-        """A scratch cache shaped as the live one, one slot a prompt of the check's text of each length, filled by
-        the eager prefill, and the token the model picks after each prompt (rows,)."""
-        # shaped as the live cache, memory only where a check reads: its prompts, rounded up, and a few tokens more
-        cache = self.model.new_cache(len(lengths), columns=self.context + 1, zeroed=max(lengths) + 2 * COLUMN_STEP)
+    def prefilled(self, lengths: list[int], spare: int = 2 * COLUMN_STEP) -> tuple[PagedKVCache, torch.Tensor]:
+        """A scratch pool bound to one row a prompt of the check's text of each length (its blocks consecutive, and
+        `spare` positions more), filled by the eager prefill, and the token the model picks after each (rows,)."""
+        width = blocks_for(max(lengths) + spare)
+        cache = scratch_pools(self.model, len(lengths) * width + 1)
+        table = torch.arange(len(lengths) * width, device=self.device).view(len(lengths), width) + 1
         forward, picked = forward_over(self.eager_model), []
         for row, length in enumerate(lengths):
             ids = torch.tensor([self.check_tokens(3 * row, length)], device=self.device)
             positions = torch.arange(length, device=self.device).view(1, length)
-            logits = forward(ids, positions, cache.view(1, length, start=row).tensors())  # (1, length, vocab)
+            logits = forward(ids, positions, table[row : row + 1], cache.tensors())  # (1, length, vocab)
             picked.append(logits[0, -1].argmax())
-        return cache, torch.stack(picked)
+        return cache.rows(table), torch.stack(picked)
 
     def real_inputs(self, rows: int) -> tuple[torch.Tensor, ...]:
         """A real step's inputs (compiler.py's check): rows of the check's text, their next tokens to write."""
@@ -322,16 +343,29 @@ class DecodeStep:
         positions = torch.tensor(lengths, device=self.device).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.ones((rows, self.vocab_size), dtype=torch.bool, device=self.device)
-        span = torch.empty(columns, dtype=torch.int8, device=self.device)
-        return picked.view(rows, 1), positions, eos_bias, allowed, span, *cache.tensors()
+        table = self.table_like(cache.table, columns // COLUMN_STEP)
+        return picked.view(rows, 1), positions, eos_bias, allowed, table, *cache.tensors()
+
+    def table_like(self, table: torch.Tensor, blocks: int) -> torch.Tensor:
+        """The table's first `blocks` columns, strided as the live tables' views (a compiled graph called directly
+        reads its inputs as strided as those it was built for)."""
+        full = torch.zeros((table.shape[0], self.table_width), dtype=torch.long, device=self.device)
+        width = min(table.shape[1], full.shape[1])
+        full[:, :width] = table[:, :width]
+        return full[:, :blocks]
 
     def logits(self, output: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return output[2]
 
     def __call__(
-        self, tokens: list[int], positions: list[int], eos_bias: list[float], allowed: list[np.ndarray | None]
+        self,
+        tokens: list[int],
+        positions: list[int],
+        eos_bias: list[float],
+        allowed: list[np.ndarray | None],
+        tables: list[list[int]],
     ) -> StepOutput:
-        """One step for n rows in slots 0..n-1 (see CausalLMRunner.decode)."""
+        """One step for n rows, each through its block table (see CausalLMRunner.decode)."""
         n = len(tokens)
         rows, columns = self.bucket(n, max(positions) + 1)
         if rows not in self.compiled:  # the smallest larger built bucket within the padding limit, if any
@@ -339,7 +373,7 @@ class DecodeStep:
                 (b for b in self.row_buckets if rows < b <= n * self.padding_limit and b in self.compiled), rows
             )
         inputs = self.inputs(rows, columns)
-        self._rows[rows].write(tokens, positions, eos_bias, allowed)
+        self._rows[rows].write(tokens, positions, eos_bias, allowed, tables)
         if (compiled := self.compiled.get(rows)) and columns <= self.compiled_columns:
             # the graph itself where it can be (compiler.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:

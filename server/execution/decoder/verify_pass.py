@@ -1,5 +1,6 @@
-"""The GPT's draft check: one sequence's pending token and the draft tokens after it in one pass over the static
-KV cache, with the greedy choice after each (speculative decoding's verification, server/engine/speculation.py).
+"""The GPT's draft check: one sequence's pending token and the draft tokens after it in one pass over its blocks
+of the paged KV cache, with the greedy choice after each (speculative decoding's verification,
+server/engine/speculation.py).
 
 A one-row decode step reads every weight to make one token; this pass reads them once for VERIFY_TOKENS tokens,
 so each draft token the model agrees with is a step saved. Its products have VERIFY_TOKENS rows, within the C++
@@ -20,13 +21,20 @@ import torch
 
 from models.gpt import GPT
 from models.sampling import greedy_choice
-from server.execution.decoder.step import COLUMN_STEP, DecodeStep, check_lengths, forward_over
+from server.execution.decoder.step import (
+    COLUMN_STEP,
+    SCRATCH_BLOCKS,
+    DecodeStep,
+    check_lengths,
+    forward_over,
+    scratch_pools,
+)
 from server.execution.packaged import WholePass
 
 VERIFY_TOKENS = 4  # the pending token and up to 3 drafts: the template's rows, and 8 at most a schedule
 
-# (tokens (1, T), positions (1, T), eos_bias (1, T), *cache views (1, *, S, *)) -> (greedy (T,), logprobs (T,),
-# logits (T, vocab)); writes the T tokens' keys and values at their positions
+# (tokens (1, T), positions (1, T), eos_bias (1, T), table (1, N), *pools) -> (greedy (T,), logprobs (T,),
+# logits (T, vocab)); writes the T tokens' keys and values at their positions, through the table
 VerifyFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -35,16 +43,18 @@ def verify_pass(model: GPT) -> VerifyFn:
     eos_id = model.config.eos_token_id
     forward = forward_over(model)
 
-    def verify(tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, *cache: torch.Tensor):
+    def verify(
+        tokens: torch.Tensor, positions: torch.Tensor, eos_bias: torch.Tensor, table: torch.Tensor, *pools: torch.Tensor
+    ):
         """-> the greedy token after each of the T tokens (T,), its logprob (T,), the logits (T, vocab)."""
-        logits = forward(tokens, positions, cache)[0]
+        logits = forward(tokens, positions, table, pools)[0]
         return *greedy_choice(logits, eos_bias[0], eos_id), logits
 
     return verify
 
 
 class VerifyPass:
-    """The draft check of the sequence in slot 0, over the decode step's models and cache; compiled once."""
+    """The draft check of one sequence, over the decode step's models and pool; compiled once."""
 
     BUCKET = (1, VERIFY_TOKENS)  # (rows, tokens): a key of its own among the compiler's buckets
 
@@ -65,9 +75,10 @@ class VerifyPass:
             torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # tokens
             torch.zeros((1, VERIFY_TOKENS), dtype=torch.long, device=self.device),  # positions
             torch.zeros((1, VERIFY_TOKENS), device=self.device),  # EOS bias
+            torch.zeros((1, step.table_width), dtype=torch.long, device=self.device),  # the block table
         )
         self._arrays = tuple(t.numpy() for t in self._inputs) if self.device.type == "cpu" else ()
-        self._views: dict[int, list[torch.Tensor]] = {}  # columns -> slot 0's cache views
+        self._views: dict[int, torch.Tensor] = {}  # N -> the table's first N blocks
 
     def buckets(self) -> list[tuple[int, int]]:
         """The one graph to build, on the CPU (CUDA's steps are graphs replayed per shape: not built there)."""
@@ -81,52 +92,61 @@ class VerifyPass:
         return self.step.freezes(self.matmul_rows(bucket))  # the decode step's rule, at the pass's rows
 
     def example(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs strided as the live ones (a view of slot 0's first columns), the columns dynamic."""
+        """Scratch inputs strided as the live ones (a view of the table's first blocks), over a scratch pool; the
+        table's width and the pool's size dynamic."""
         generator = torch.Generator(device=self.device).manual_seed(0)
         _, columns = self.step.bucket(1, self.step.compiled_columns // 2 + 1)
-        full = [
-            torch.randn((1, *t.shape[1:]), generator=generator, device=self.device).to(t.dtype)
-            for t in self.step.cache.tensors()
-        ]
-        cache = [t[:, :, :columns] for t in full]
-        for t in cache:
-            torch._dynamo.mark_dynamic(t, 2, min=COLUMN_STEP, max=self.step.compiled_columns)
+        blocks = columns // COLUMN_STEP
+        pools = scratch_pools(self.step.model, SCRATCH_BLOCKS).tensors()
+        named = torch.arange(blocks, device=self.device).view(1, blocks) % (SCRATCH_BLOCKS - 1) + 1
+        table = self.step.table_like(named, blocks)
+        torch._dynamo.mark_dynamic(table, 1, min=2, max=max(2, self.step.compiled_columns // COLUMN_STEP))
+        for t in pools:
+            torch._dynamo.mark_dynamic(t, 0)
         tokens = torch.randint(self.step.vocab_size, (1, VERIFY_TOKENS), generator=generator, device=self.device)
         positions = torch.arange(VERIFY_TOKENS, device=self.device).view(1, -1) + columns // 2
-        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache
+        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), table, *pools
 
     def exported(self, bucket: tuple[int, int]) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
         """The whole pass as torch.export takes it (server/execution/packaged.py): over the plain model, on
-        scratch inputs, its one dynamic size the cache views' columns."""
+        scratch inputs, its dynamic sizes the table's width and the pool's size."""
         example = self.example(bucket)
-        columns = torch.export.Dim("columns", min=COLUMN_STEP, max=self.step.compiled_columns)
-        return WholePass(self.step.model, self.traced), example, (None, None, None, *[{2: columns}] * len(example[3:]))
+        blocks = torch.export.Dim("blocks", min=2, max=max(2, self.step.compiled_columns // COLUMN_STEP))
+        pool = torch.export.Dim("pool", min=COLUMN_STEP)
+        pools = [{0: pool}] * len(example[4:])
+        return WholePass(self.step.model, self.traced), example, (None, None, None, {1: blocks}, *pools)
 
     def real_inputs(self, bucket: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-        """A real draft check's inputs (compiler.py's check): a prompt of the check's text in slot 0, its next
-        tokens of that text to check."""
+        """A real draft check's inputs (compiler.py's check): a prompt of the check's text, its next tokens of that
+        text to check."""
         (length,) = check_lengths(1, self.step.context)
         cache, _ = self.step.prefilled([length])
         tokens = torch.tensor([self.step.check_tokens(length, VERIFY_TOKENS)], device=self.device)
         positions = torch.arange(length, length + VERIFY_TOKENS, device=self.device).view(1, -1)
         _, columns = self.step.bucket(1, length + VERIFY_TOKENS)
-        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), *cache.view(1, columns).tensors()
+        table = self.step.table_like(cache.table, columns // COLUMN_STEP)
+        return tokens, positions, torch.zeros((1, VERIFY_TOKENS), device=self.device), table, *cache.tensors()
 
     def logits(self, output: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return output[2]
 
-    def __call__(self, tokens: list[int], position: int, eos_bias: list[float]) -> tuple[list[int], list[float]] | None:
+    def __call__(
+        self, tokens: list[int], position: int, eos_bias: list[float], table: list[int]
+    ) -> tuple[list[int], list[float]] | None:
         """The greedy token (its EOS bias applied) after each of tokens (VERIFY_TOKENS of them, the first at
-        `position` of slot 0) and its logprob; their keys and values written. None until the pass is compiled."""
+        `position` of the sequence whose block table this is) and its logprob; their keys and values written.
+        None until the pass is compiled."""
         compiled = self.compiled.get(self.BUCKET)
         _, columns = self.step.bucket(1, position + VERIFY_TOKENS)
         if compiled is None or columns > self.step.compiled_columns:
             return None
-        tok, pos, bias = self._arrays
+        tok, pos, bias, blocks = self._arrays
         tok[0] = tokens
         pos[0] = np.arange(position, position + VERIFY_TOKENS)
         bias[0] = eos_bias
-        if columns not in self._views:
-            self._views[columns] = self.step.cache.view(1, columns).tensors()
-        greedy, logprobs, _ = compiled(*self._inputs, *self._views[columns])
+        blocks[0, : len(table)] = table
+        n = columns // COLUMN_STEP
+        if n not in self._views:
+            self._views[n] = self._inputs[3][:, :n]
+        greedy, logprobs, _ = compiled(*self._inputs[:3], self._views[n], *self.step.cache.tensors())
         return greedy.tolist(), logprobs.tolist()
