@@ -81,7 +81,8 @@ class StaticKVCache:
 def write_layer(buffers: list[torch.Tensor], positions: torch.Tensor, *new: torch.Tensor) -> list[torch.Tensor]:
     """One layer's update: this step's (B, *, T, *) tensors written at positions (B, T), and what the layer attends
     over returned, (B, *, S, *). A static cache's layer is its buffers (S = context); a paged one's
-    (PagedKVCache.layer) is its addresses (slots (B, T), columns (B, S)) then its pools. A block takes its layer's
+    (PagedKVCache.layer) is its addresses (slots (B, T): the pool rows written; the block table (B, N)) then its
+    pools. A block takes its layer's
     tensors alone, so that every block's call has the same form (a compiler traces one and reuses it for all:
     models/gpt.py, Block)."""
     if len(buffers) == len(new):  # static: row b's slot, column = position
@@ -89,12 +90,13 @@ def write_layer(buffers: list[torch.Tensor], positions: torch.Tensor, *new: torc
         for buf, x in zip(buffers, new, strict=True):
             buf[rows, :, positions] = x.transpose(1, 2).to(buf.dtype)  # indexed as (B, T, *, *)
         return buffers
-    slots, columns, *pools = buffers
+    slots, table, *pools = buffers
     read = []
     for pool, x in zip(pools, new, strict=True):
         rows = x.transpose(1, 2).flatten(0, 1).to(pool.dtype)  # (B * T, *, width)
         pool.index_copy_(0, slots.flatten(), rows)  # at their pool rows
-        read.append(pool[columns].transpose(1, 2))  # (B, *, S, width)
+        blocks = pool.unflatten(0, (-1, BLOCK_TOKENS))[table]  # (B, N, 16, *, width): whole blocks gathered
+        read.append(blocks.flatten(1, 2).transpose(1, 2))  # (B, *, S, width)
     return read
 
 
@@ -120,7 +122,7 @@ class PagedKVCache:
     def __init__(self, pools: list[list[torch.Tensor]], table: torch.Tensor | None = None) -> None:
         self.pools = pools  # per layer, each (blocks * BLOCK_TOKENS, *, width)
         self.table = table  # (B, N) block ids, or None: not bound to rows yet
-        self.addresses: tuple[torch.Tensor, torch.Tensor] | None = None  # (slots (B, T), columns (B, S)), `at`
+        self.addresses: tuple[torch.Tensor, torch.Tensor] | None = None  # (slots (B, T), table (B, N)), `at`
 
     @classmethod
     def empty(
@@ -147,13 +149,11 @@ class PagedKVCache:
         return PagedKVCache(self.pools, table)
 
     def at(self, positions: torch.Tensor) -> PagedKVCache:
-        """Bound to a forward's positions (B, T): where each new token's keys go, and which pool rows each row reads."""
+        """Bound to a forward's positions (B, T): the pool rows each new token's keys and values go to."""
         table = self.table
-        offsets = torch.arange(BLOCK_TOKENS, device=table.device)
         slots = table.gather(1, positions // BLOCK_TOKENS) * BLOCK_TOKENS + positions % BLOCK_TOKENS  # (B, T)
-        columns = (table.unsqueeze(-1) * BLOCK_TOKENS + offsets).flatten(1)  # (B, S)
         bound = PagedKVCache(self.pools, table)
-        bound.addresses = slots, columns
+        bound.addresses = slots, table
         return bound
 
     def layer(self, i: int) -> list[torch.Tensor]:
