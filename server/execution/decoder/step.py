@@ -313,7 +313,7 @@ class DecodeStep:
         scratch inputs, its dynamic sizes the table's width and the pools' size."""
         example = self.example(rows)
         blocks = torch.export.Dim("blocks", min=2, max=max(2, self.compiled_columns // COLUMN_STEP))
-        pool = torch.export.Dim("pool", min=COLUMN_STEP)
+        pool = COLUMN_STEP * torch.export.Dim("pool_blocks", min=2)  # whole blocks
         pools = [{0: pool}] * len(example[5:])
         return WholePass(self.model, self.traced), example, (None, None, None, None, {1: blocks}, *pools)
 

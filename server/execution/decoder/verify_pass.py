@@ -112,7 +112,7 @@ class VerifyPass:
         scratch inputs, its dynamic sizes the table's width and the pool's size."""
         example = self.example(bucket)
         blocks = torch.export.Dim("blocks", min=2, max=max(2, self.step.compiled_columns // COLUMN_STEP))
-        pool = torch.export.Dim("pool", min=COLUMN_STEP)
+        pool = COLUMN_STEP * torch.export.Dim("pool_blocks", min=2)  # whole blocks
         pools = [{0: pool}] * len(example[4:])
         return WholePass(self.step.model, self.traced), example, (None, None, None, {1: blocks}, *pools)
 
