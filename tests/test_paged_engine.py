@@ -54,10 +54,10 @@ def test_a_long_prompt_runs_while_short_ones_decode_each_with_its_own_tokens(mod
     prompts = [prompt(200, 0)] + [prompt(10 + i, i + 1) for i in range(7)]
     blocks = 1 + (200 + 12 + 4) // BLOCK_TOKENS + 1 + 7 * 2  # the long one's, and two a short one
     served = engine(model, blocks)
-    assert served.runner.facts.context_length == 256 and served.blocks.usable < 8 * 256 // BLOCK_TOKENS
+    assert served.runner.facts.context_length == 256 and served.kv.pool.usable < 8 * 256 // BLOCK_TOKENS
     got = run_together(served, prompts, params)
     same(got, alone(model, prompts, params))
-    assert served.blocks.held() == 0 and served.blocks.reserved == 0
+    assert served.kv.pool.held() == 0 and served.kv.pool.reserved == 0
 
 
 def test_requests_beyond_the_pool_wait_for_blocks_and_all_finish_with_their_own_tokens(model):
@@ -71,7 +71,7 @@ def test_requests_beyond_the_pool_wait_for_blocks_and_all_finish_with_their_own_
     got = run_together(served, prompts, params)
     assert [reason for *_, reason in got] == ["length"] * 64
     same(got, alone(model, prompts, params))
-    assert served.blocks.held() == 0 and served.blocks.reserved == 0 and len(served.blocks.free) == 39
+    assert served.kv.pool.held() == 0 and served.kv.pool.reserved == 0 and len(served.kv.pool.free) == 39
 
 
 def test_a_shared_prefix_is_read_from_cache_with_the_tokens_and_logprobs_of_a_whole_prefill(model):
@@ -86,7 +86,7 @@ def test_a_shared_prefix_is_read_from_cache_with_the_tokens_and_logprobs_of_a_wh
         for ids in turns:  # one after the other: each finds what the ones before it left
             tokens, finish = served.generate(ids, params)
             results[caching].append(([e.id for e in tokens], [e.logprob for e in tokens]))
-        stats = served.blocks.stats
+        stats = served.kv.pool.stats
         served.stop()
         # the second: the first's three full blocks; the third: two of them (40 tokens share two whole blocks)
         assert stats.cached_tokens == ((3 + 2) * BLOCK_TOKENS if caching else 0)
@@ -103,9 +103,9 @@ def test_a_chats_next_turn_finds_the_first_turns_prompt_and_reply(model):
         first = prompt(50, 4)
         tokens, _ = served.generate(first, SamplingParams(max_new_tokens=30, **GREEDY))
         history = first + [e.id for e in tokens]  # 80 tokens: the prompt, then the reply
-        before = served.blocks.stats.cached_tokens
+        before = served.kv.pool.stats.cached_tokens
         served.generate(history + prompt(7, 5), SamplingParams(max_new_tokens=2, **GREEDY))
-        assert served.blocks.stats.cached_tokens - before == (len(history) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        assert served.kv.pool.stats.cached_tokens - before == (len(history) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
     finally:
         served.stop()
 
@@ -136,8 +136,8 @@ def test_after_a_storm_of_arrivals_and_cancellations_no_block_is_held(model):
             if rng.random() < 0.3:
                 rng.choice(requests).cancel()
         assert done.wait(120)  # every request's end heard: its blocks were let go before
-        assert served.blocks.held() == 0 and served.blocks.reserved == 0
-        assert len(served.blocks.free) == served.blocks.usable
+        assert served.kv.pool.held() == 0 and served.kv.pool.reserved == 0
+        assert len(served.kv.pool.free) == served.kv.pool.usable
     finally:
         served.stop()
 

@@ -46,7 +46,7 @@ class EngineCollector(Collector):
                 agreed.add_metric([m.id], m.engine.stats.draft_tokens_agreed)
                 for reason, n in m.engine.stats.finished.items():
                     finished.add_metric([m.id, reason], n)
-                if (blocks := m.engine.blocks) is not None:
+                if (blocks := m.engine.kv.pool) is not None:
                     prompt.add_metric([m.id], blocks.stats.prompt_tokens)
                     cached.add_metric([m.id], blocks.stats.cached_tokens)
                     held.add_metric([m.id], blocks.held())

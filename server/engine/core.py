@@ -71,7 +71,6 @@ class GenerationEngine:
         self.draft_tokens = draft_tokens if runner.facts.verify_tokens else 0  # 0: no speculation
         facts = runner.facts
         self.kv = RequestBlocks(facts.kv_blocks, prefix_caching, facts.context_length, facts.verify_tokens)
-        self.blocks = self.kv.pool  # the paged pool's blocks (/info, /metrics); None: static slots
         self.stats = EngineStats()
         self.driver: ComputeThread | None = None  # the compute thread whose loop runs this engine (`drive_with`)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()

@@ -95,7 +95,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         devices=devices,
         auth=settings.api_token is not None,
         kv_cache_bytes={m.id: m.facts.kv_cache_bytes for m in models if m.runner},
-        kv_pool={m.id: m.engine.blocks.describe() for m in models if m.engine is not None and m.engine.blocks},
+        kv_pool={m.id: m.engine.kv.pool.describe() for m in models if m.engine is not None and m.engine.kv.pool},
         context={m.id: m.facts.context_length for m in models if m.runner},
         compile_seconds={m.id: dict(m.compiler.seconds) for m in models if m.compiler},
         compile_states={m.id: m.compiler.states() for m in models if m.compiler},
