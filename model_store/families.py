@@ -6,8 +6,8 @@ Our decoder (models/gpt.py) serves our own GPT and the transformers families map
 gpt-fast and llama.cpp do: the checkpoint's config becomes a GPTConfig and its weights are renamed,
 transposed (GPT-2's Conv1D) or regrouped (GPT-NeoX's per-head fused QKV) into ours; the files stay as
 given. Any other transformers causal LM is served by transformers itself (the slow path); EsperBERTo's
-masked LMs by transformers for fill-mask. A config value the decoder cannot compute exactly (a sliding
-window shorter than the context, a rope_scaling kind it lacks) is refused by name.
+masked LMs by transformers for fill-mask. A config value the decoder cannot compute exactly (a rope_scaling kind it
+lacks, logit soft-capping, Mistral's one sliding window over every layer) is refused by name.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class GGUFArch:
     settings: dict  # GPTConfig fields it fixes
     rope_pairs: str | None  # the channel pairs it rotates; None: learned positions
     fused_qkv: bool  # one attn_qkv tensor, or attn_q, attn_k, attn_v
+    sliding_pattern: int = 0  # with a sliding window, every layer but each n-th slides (llama.cpp's default); 0: none
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def eos_of(cfg: dict) -> int:
 def served_config(cfg: dict, **options) -> GPTConfig:
     """Our decoder's config for a transformers checkpoint: what every family shares (no dropout, the
     embedding as stored, the checkpoint's end-of-text token) and its own options."""
-    return GPTConfig(dropout=0.0, scale_embeddings=False, eos_token_id=eos_of(cfg), **options)
+    return GPTConfig(**{"dropout": 0.0, "scale_embeddings": False, "eos_token_id": eos_of(cfg)} | options)
 
 
 def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
@@ -155,6 +156,75 @@ def llama_weights(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         out[dst + "ln_1.weight"] = state[src + "input_layernorm.weight"]
         out[dst + "ln_2.weight"] = state[src + "post_attention_layernorm.weight"]
     return with_head(out, state, config, "lm_head.weight")
+
+
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}  # transformers' names -> ours
+
+
+def gemma3_config(cfg: dict, max_context: int | None) -> GPTConfig:
+    """Gemma 3 (text): GeGLU, q/k RMSNorm, norms before and after attention and the MLP, the embedding x sqrt(hidden),
+    scores x query_pre_attn_scalar^-0.5, and sliding-window layers (their own RoPE base) between full ones."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
+        if cfg.get(key):
+            raise UnsupportedConfig(f"{key}={cfg[key]!r} is not served for Gemma 3")
+    if activation(cfg.get("hidden_activation", "gelu_pytorch_tanh")) != "gelu_tanh":
+        raise UnsupportedConfig(f"hidden_activation {cfg['hidden_activation']!r} is not served for Gemma 3")
+    n_layer, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layer)
+    ]
+    if set(types) - set(LAYER_TYPES):
+        raise UnsupportedConfig(f"layer_types {sorted(set(types) - set(LAYER_TYPES))} are not served")
+    per_type = cfg.get("rope_parameters") or {}
+    if "full_attention" in per_type:  # transformers 5: one rope_parameters per layer type
+        theta, scaling, _ = rope_settings({"rope_parameters": per_type["full_attention"]})
+        local, local_scaling, _ = rope_settings({"rope_parameters": per_type["sliding_attention"]})
+    else:
+        theta, scaling, _ = rope_settings(cfg)
+        local, local_scaling = float(cfg.get("rope_local_base_freq", 10000.0)), None
+    if local_scaling is not None:
+        raise UnsupportedConfig("rope scaling of the sliding layers is not served")
+    return served_config(
+        cfg,
+        vocab_size=cfg["vocab_size"],
+        context_length=context_of(cfg, "max_position_embeddings", max_context),
+        n_layer=n_layer,
+        n_head=heads,
+        n_kv_head=cfg.get("num_key_value_heads") or heads,
+        d_model=cfg["hidden_size"],
+        d_ff=cfg["intermediate_size"],
+        head_size=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        tie_weights=bool(cfg.get("tie_word_embeddings", True)),
+        bias=False,
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+        out_bias=bool(cfg.get("attention_bias", False)),
+        **GEMMA3,
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        attn_scale=float(cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256))) ** -0.5,
+        layer_types=[LAYER_TYPES[t] for t in types],
+        sliding_window=int(cfg["sliding_window"]),
+        rope_theta=theta,
+        rope_local_theta=local,
+        rope_pairs="half",
+        rope_scaling=scaling,
+    )
+
+
+def gemma3_weights(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """Llama's names, but Gemma's post_attention_layernorm is attention's output norm, pre_feedforward_layernorm
+    the MLP's input norm; and a Gemma RMSNorm scales by (1 + w): every norm's weight is stored with the 1 added
+    (in float32, as Gemma computes it; llama.cpp's converter does the same)."""
+    out = llama_weights(state, config)
+    for i in range(config.n_layer):
+        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        out[dst + "ln_2.weight"] = state[src + "pre_feedforward_layernorm.weight"]
+        out[dst + "post_ln_1.weight"] = state[src + "post_attention_layernorm.weight"]
+        out[dst + "post_ln_2.weight"] = state[src + "post_feedforward_layernorm.weight"]
+    return {
+        k: 1 + v.float() if k.rsplit(".", 2)[-2].endswith(("ln_1", "ln_2", "ln_f", "_norm")) else v
+        for k, v in out.items()
+    }
 
 
 def gpt2_config(cfg: dict, max_context: int | None) -> GPTConfig:
@@ -275,6 +345,7 @@ def with_head(out: dict, state: dict, config: GPTConfig, *names: str) -> dict[st
 
 ROPE = dict(positions="rope", parallel_residual=False)
 SWIGLU = dict(ROPE, norm="rmsnorm", mlp="swiglu")
+GEMMA3 = dict(ROPE, norm="rmsnorm", mlp="geglu", qk_norm=True, post_norms=True, scale_embeddings=True)
 FAMILIES: tuple[Family, ...] = (
     Family("gpt", "decoder"),  # ours: config.json says "architecture": "gpt"; GGUF: gguf_architecture(config)
     Family("llama", "decoder", ("LlamaForCausalLM", "MistralForCausalLM"), llama_config, llama_weights,
@@ -283,6 +354,8 @@ FAMILIES: tuple[Family, ...] = (
            GGUFArch(dict(SWIGLU, qk_norm=False), "half", False)),  # q, k, v biases
     Family("qwen3", "decoder", ("Qwen3ForCausalLM",), llama_config, llama_weights,
            GGUFArch(dict(SWIGLU, qk_norm=True), "half", False)),
+    Family("gemma3", "decoder", ("Gemma3ForCausalLM",), gemma3_config, gemma3_weights,
+           GGUFArch(GEMMA3, "half", False, sliding_pattern=6)),
     Family("gpt2", "decoder", ("GPT2LMHeadModel",), gpt2_config, gpt2_weights,
            GGUFArch(dict(positions="learned", norm="layernorm", mlp="gelu_tanh", parallel_residual=False), None, True)),
     Family("gptneox", "decoder", ("GPTNeoXForCausalLM",), neox_config, neox_weights,

@@ -46,6 +46,8 @@ BLOCK_TENSORS = {  # ours (in blocks.{i}.) -> GGUF's (in blk.{i}.); attn.qkv is 
     "attn.k_norm": "attn_k_norm",
     "attn.proj": "attn_output",
     "mlp.proj": "ffn_down",
+    "post_ln_1": "post_attention_norm",  # Gemma 3's norms after attention and the MLP
+    "post_ln_2": "post_ffw_norm",
 }
 TOP_TENSORS = {"tok_emb": "token_embd", "pos_emb": "position_embd", "ln_f": "output_norm", "lm_head": "output"}
 
@@ -183,7 +185,7 @@ def gguf_tensors(model: GPT, arch: GGUFArch) -> dict[str, torch.Tensor]:
                 out[f"{theirs}{BLOCK_TENSORS[name]}.{kind}"] = v[order]
             elif name in BLOCK_TENSORS:
                 out[f"{theirs}{BLOCK_TENSORS[name]}.{kind}"] = v
-            elif name == "mlp.fc" and c.mlp == "swiglu":  # ours is cat(gate, up)
+            elif name == "mlp.fc" and c.gated:  # ours is cat(gate, up)
                 out[f"{theirs}ffn_gate.{kind}"], out[f"{theirs}ffn_up.{kind}"] = v.chunk(2)
             elif name == "mlp.fc":
                 out[f"{theirs}ffn_up.{kind}"] = v

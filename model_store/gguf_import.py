@@ -1,6 +1,8 @@
 """A GGUF file into the store: the file's architecture (one of model_store/gguf_files.py's table) read
-back into our decoder's config and weight names, tensors dequantized with gguf's own kernels, and the
-tokenizer rebuilt from the file by transformers' GGUF builder (byte-level BPE or SentencePiece)."""
+back into our decoder's config and weight names, tensors dequantized with gguf's own kernels (every type
+llama.cpp's quantizer writes for these families: READ_TYPES), and the tokenizer rebuilt from the file by
+transformers' GGUF builder (byte-level BPE or SentencePiece). A file that cannot be read whole is refused in
+one line naming it, and nothing reaches the store."""
 
 from __future__ import annotations
 
@@ -11,19 +13,23 @@ import numpy as np
 import torch
 
 from model_store.families import GGUF_ARCHES, GGUFArch
-from model_store.gguf_files import BLOCK_TENSORS, GGUF_TYPES, TOP_TENSORS, GGUFError
+from model_store.gguf_files import BLOCK_TENSORS, TOP_TENSORS, GGUFError
 from model_store.store import write_checkpoint
 from models.gpt import GPT, GPTConfig
 
-READ_TYPES = tuple(t.upper() for t in GGUF_TYPES.values())  # the tensor types it reads: those we write
+# the tensor types read: the float ones, the legacy and K quants, and IQ4_NL (which llama-quantize writes into
+# Q2_K and Q3_K mixes for rows not a multiple of 256 wide); quantized types are dequantized exactly to float32
+FLOAT_TYPES = ("F32", "F16", "BF16")
+READ_TYPES = (*FLOAT_TYPES, "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")
+# tokens that end an assistant's turn in the chat templates of the families read (as llama.cpp's end-of-generation
+# list): written to generation_config.json beside the file's own end-of-text, so that a chat stops at the turn's end
+END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>")
 
 
 def import_gguf(file: Path, out: Path) -> Path:
     """A GGUF file of a family llama.cpp and our decoder both compute, as a store folder of ours (float32
     weights for f32 and q8_0 files, else the file's 16-bit type); the tokenizer is rebuilt from the file."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(file))
+    reader = read_file(file)
     fields = {name: field.contents() for name, field in reader.fields.items() if name != "tokenizer.ggml.tokens"}
     arch_name = fields.get("general.architecture")
     if arch_name not in GGUF_ARCHES:
@@ -34,16 +40,52 @@ def import_gguf(file: Path, out: Path) -> Path:
     tensors = {t.name: t for t in reader.tensors}
     tokenizer, tokenizer_config = gguf_tokenizer(file)
     config = gguf_config(fields, tensors, GGUF_ARCHES[arch_name], tokenizer)
-    model = GPT.from_state(config, decoder_tensors(tensors, config, GGUF_ARCHES[arch_name]))
+    try:
+        model = GPT.from_state(config, decoder_tensors(tensors, config, GGUF_ARCHES[arch_name]))
+    except (ValueError, RuntimeError) as e:  # a tensor whose bytes or shape are not what its header says
+        raise GGUFError(f"{file}: a tensor cannot be read ({str(e).splitlines()[0][:200]})") from None
     missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:  # what the file lacks stays on the meta device
         raise GGUFError(f"{file}: tensors for {missing[:4]} are missing")
     types = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
-    dtype = torch.float32 if types & {"F32", "Q8_0"} else (torch.bfloat16 if "BF16" in types else torch.float16)
+    # exact: a quantized type's values are float32 (no 16-bit type holds them); a float file keeps its own type
+    exact = types - {"F16", "BF16"}
+    dtype = torch.float32 if exact else (torch.bfloat16 if "BF16" in types else torch.float16)
     source = f"`{file.name}` ({arch_name}, {'/'.join(sorted(types))})"
     card = f"# {out.name}\n\nImported from {source} with `tinyserve store add`.\n"
-    write_checkpoint(out, model, tokenizer, card, {}, dtype=dtype, tokenizer_config=tokenizer_config)
+    generation = {"eos_token_id": end_of_turn(fields, reader, config.eos_token_id)}
+    write_checkpoint(
+        out, model, tokenizer, card, {}, dtype=dtype, tokenizer_config=tokenizer_config, generation=generation
+    )
     return out
+
+
+def read_file(file: Path):
+    """gguf's reader over the file, or a GGUFError in one line: a truncated or corrupt file fails in its header or
+    in a tensor's extent (the reader maps every tensor's bytes)."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(file))
+    except (ValueError, IndexError, KeyError, OverflowError, MemoryError) as e:
+        raise GGUFError(
+            f"{file}: not a readable GGUF file ({str(e).splitlines()[0][:200] or type(e).__name__})"
+        ) from None
+
+
+def end_of_turn(fields: dict, reader, eos: int) -> list[int]:
+    """The file's end-of-text id, its end-of-turn ids (tokenizer.ggml.eot_token_id, eom_token_id) and the ids of the
+    END_OF_TURN tokens its vocabulary has."""
+    ids = [
+        eos,
+        *(int(fields[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in fields),
+    ]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        for i, token in enumerate(tokens.contents()):
+            if token in END_OF_TURN:
+                ids.append(i)
+    return list(dict.fromkeys(ids))
 
 
 def gguf_config(fields: dict, tensors: dict, arch: GGUFArch, tokenizer) -> GPTConfig:
@@ -64,6 +106,8 @@ def gguf_config(fields: dict, tensors: dict, arch: GGUFArch, tokenizer) -> GPTCo
     if eos is None:
         raise GGUFError("tokenizer.ggml.eos_token_id is missing: the end of a completion cannot be told")
     rms = arch.settings["norm"] == "rmsnorm"
+    if fields.get(f"{arch_name}.final_logit_softcapping"):
+        raise GGUFError(f"{arch_name}.final_logit_softcapping is not served")
     config = GPTConfig(
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         context_length=int(key("context_length")),
@@ -81,8 +125,8 @@ def gguf_config(fields: dict, tensors: dict, arch: GGUFArch, tokenizer) -> GPTCo
         out_bias="blk.0.attn_output.bias" in tensors,
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         norm_eps=float(key("attention.layer_norm_rms_epsilon" if rms else "attention.layer_norm_epsilon")),
-        scale_embeddings=False,
-        **arch.settings,
+        **{"scale_embeddings": False} | arch.settings,
+        **sliding_layers(fields, arch_name, arch),
     )
     if config.positions == "rope":
         factor = fields.get(f"{arch_name}.rope.scaling.factor")
@@ -101,6 +145,23 @@ def gguf_config(fields: dict, tensors: dict, arch: GGUFArch, tokenizer) -> GPTCo
     return config
 
 
+def sliding_layers(fields: dict, arch_name: str, arch: GGUFArch) -> dict:
+    """The sliding-window settings of an architecture that has them (Gemma 3), as llama.cpp reads them: the window,
+    which layers slide (a per-layer array, or every layer but each n-th: the pattern, default the architecture's),
+    and their RoPE base (default 10,000)."""
+    window = fields.get(f"{arch_name}.attention.sliding_window")
+    if not arch.sliding_pattern or not window:
+        return {}
+    n_layer = int(fields[f"{arch_name}.block_count"])
+    pattern = fields.get(f"{arch_name}.attention.sliding_window_pattern", arch.sliding_pattern)
+    slides = list(pattern) if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(n_layer)]
+    return {
+        "layer_types": ["sliding" if s else "full" for s in slides],
+        "sliding_window": int(window),
+        "rope_local_theta": float(fields.get(f"{arch_name}.rope.freq_base_swa", 10000.0)),
+    }
+
+
 def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, torch.Tensor]:
     """The file's tensors under our names, dequantized to float32."""
     import gguf
@@ -109,6 +170,8 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, to
         t = tensors[name]
         shape = [int(n) for n in reversed(t.shape)]  # GGUF lists the fastest dimension first
         values = np.array(gguf.quants.dequantize(t.data, t.tensor_type))  # a copy: the file is mapped read-only
+        if not np.isfinite(values).all():
+            raise ValueError(f"tensor {name} holds values that are not finite")
         return torch.from_numpy(values).float().reshape(shape)
 
     out = {}
@@ -124,7 +187,7 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, to
             for name, gguf_name in BLOCK_TENSORS.items():
                 if f"{theirs}{gguf_name}.{kind}" in tensors:
                     out[f"{ours}{name}.{kind}"] = read(f"{theirs}{gguf_name}.{kind}")
-            parts = ["ffn_gate", "ffn_up"] if c.mlp == "swiglu" else ["ffn_up"]
+            parts = ["ffn_gate", "ffn_up"] if c.gated else ["ffn_up"]
             if f"{theirs}ffn_up.{kind}" in tensors:
                 out[f"{ours}mlp.fc.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in parts])
             qkv = ["attn_qkv"] if arch.fused_qkv else ["attn_q", "attn_k", "attn_v"]

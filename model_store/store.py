@@ -69,8 +69,9 @@ def write_checkpoint(
     extra_files: dict[str, Path] | None = None,
     dtype: torch.dtype = torch.float16,
     tokenizer_config: dict | None = None,
+    generation: dict | None = None,
 ) -> None:
-    """Export a trained GPT as a store checkpoint.
+    """Export a trained GPT as a store checkpoint (generation: generation_config.json's fields, if any).
 
     Weights are stored in half precision by default (half the bytes, within git's comfort; loading
     casts them to the serving dtype); a tied LM head is stored once, as the token embedding.
@@ -86,6 +87,8 @@ def write_checkpoint(
     eos = tokenizer.id_to_token(model.config.eos_token_id) or EOS_TOKEN
     write_tokenizer(folder, tokenizer, model.config.context_length, **{"eos_token": eos, **(tokenizer_config or {})})
     (folder / "README.md").write_text(card)
+    if generation:
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     for name, src in (extra_files or {}).items():
         shutil.copyfile(src, folder / name)

@@ -16,7 +16,8 @@ Masking = Literal["causal", "zero_after"]
 Positions = Literal["sinusoidal", "learned", "rope"]
 SymbolType = Literal["position_relative", "symbolic_attention"]
 Norm = Literal["layernorm", "rmsnorm"]
-MLPKind = Literal["gelu", "gelu_tanh", "swiglu"]
+MLPKind = Literal["gelu", "gelu_tanh", "swiglu", "geglu"]
+LayerType = Literal["full", "sliding"]
 RopePairs = Literal["interleaved", "half"]
 
 
@@ -47,7 +48,8 @@ class GPTConfig:
     # the defaults are the from-scratch GPT's
     norm: Norm = option("layernorm", None)  # LayerNorm (with bias) or RMSNorm (no bias, normalised in float32)
     norm_eps: float = option(1e-5, None)
-    mlp: MLPKind = option("gelu", None)  # GELU (erf), GELU's tanh approximation, or SwiGLU: down(silu(gate) * up)
+    mlp: MLPKind = option("gelu", None)  # GELU (erf), GELU's tanh approximation, SwiGLU: down(silu(gate) * up), or
+    # GeGLU: down(gelu_tanh(gate) * up) (Gemma)
     # None below means derived (the properties head_dim, kv_heads, rotated_channels and has_bias resolve it):
     # a config changed with dataclasses.replace or from_dict derives it anew
     n_kv_head: int | None = option(None, None)  # grouped-query attention: key/value heads (default n_head)
@@ -62,6 +64,15 @@ class GPTConfig:
     rope_scaling: dict | None = option(None, None)  # {"rope_type": "linear" | "llama3" | "factors", ...}
     scale_embeddings: bool = option(True, None)  # token embedding x sqrt(d_model) (ours), or as stored
     parallel_residual: bool = option(False, None)  # x + attn(ln_1 x) + mlp(ln_2 x) (GPT-NeoX), not in sequence
+    post_norms: bool = option(False, None)  # attention's and the MLP's outputs normed too, before each add (Gemma 3)
+    attn_scale: float | None = option(
+        None, None
+    )  # scores x this (default head_dim^-0.5; Gemma: query_pre_attn_scalar^-0.5)
+    # sliding-window attention (Gemma 3): the layers `layer_types` names "sliding" see keys less than sliding_window
+    # positions before the query (q - k < window), with their own RoPE base; the others see every earlier key
+    layer_types: list[str] | None = option(None, None)  # per layer "full" or "sliding" (default: every layer full)
+    sliding_window: int | None = option(None, None)
+    rope_local_theta: float | None = option(None, None)  # RoPE base of the sliding layers (default rope_theta)
     architecture: str = field(default="gpt", init=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +91,12 @@ class GPTConfig:
             raise ValueError(
                 f"rotary_dim={self.rotary_dim} must be even, > 0 and at most the head width {self.head_dim}"
             )
+        if self.layer_types is not None:
+            odd = sorted(set(self.layer_types) - set(get_args(LayerType)))
+            if len(self.layer_types) != self.n_layer or odd:
+                raise ValueError(f"layer_types must name 'full' or 'sliding' for each of the {self.n_layer} layers")
+            if "sliding" in self.layer_types and not (self.sliding_window or 0) > 0:
+                raise ValueError("sliding layers need sliding_window > 0")
         self.d_ff = self.d_ff or 4 * self.d_model
         get_softmax(self.softmax)  # fail early on an unknown name
         self.softmax = LEGACY_NAMES.get(self.softmax, self.softmax)
@@ -104,6 +121,15 @@ class GPTConfig:
     def rotated_channels(self) -> int:
         """The channels of each head RoPE rotates."""
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP's first product is cat(gate, up) (SwiGLU, GeGLU)."""
+        return self.mlp in ("swiglu", "geglu")
+
+    def layer_type(self, i: int) -> str:
+        """Layer i's attention: "full" or "sliding"."""
+        return self.layer_types[i] if self.layer_types is not None else "full"
 
     def has_bias(self, part: str) -> bool:
         """Whether the linear layers of `part` (qkv, out, mlp) have biases."""

@@ -14,7 +14,9 @@ model holds no serving state and makes no serving choice.
 The same decoder serves the small-LM families people use (model_store/families.py maps their
 checkpoints in): RMSNorm or LayerNorm, GELU (erf or tanh) or SwiGLU MLP, grouped-query attention
 (n_kv_head < n_head), RoPE on all or part of each head with interleaved or rotate-half pairs, its theta
-and static scaling, QK-norm, biases per projection, parallel or sequential residual, learned positions.
+and static scaling, QK-norm, biases per projection, parallel or sequential residual, learned positions, and
+Gemma 3's GeGLU, norms after attention and the MLP, attention scale, and sliding-window layers (their own
+RoPE base) between full ones.
 
 The attention variants of the experiments (docs/experiments/) are options of this one file: score
 function (dot product or additive), shared Q/K or Q/K/V projections, masking (-inf before the
@@ -36,32 +38,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.additive import AdditiveScore
 from models.config import GPTConfig
 from models.kv_cache import PagedKVCache, StaticKVCache, write_layer
 from models.positions import inverse_frequencies, rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
 from models.sampling import SamplingParams, SequenceState, sample
 from models.softmax import get_softmax
-
-
-class AdditiveScore(nn.Module):
-    """Additive (Bahdanau) scores per head: score(q_i, k_j) = w2 . tanh(W1 [q_i; k_j]).
-
-    W1 [q; k] is computed as W1q q + W1k k, so the (B, H, T, S, D) tanh argument is one broadcast
-    add; it is still T*S times the work of a dot product, which is why this variant trains slowly.
-    """
-
-    def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__()
-        scale = head_dim**-0.5
-        self.w1_q = nn.Parameter(torch.randn(n_head, head_dim, head_dim) * scale)
-        self.w1_k = nn.Parameter(torch.randn(n_head, head_dim, head_dim) * scale)
-        self.w2 = nn.Parameter(torch.randn(n_head, head_dim) * scale)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # (B, H, T, D), (B, H, S, D)
-        a = torch.einsum("bhtd,hde->bhte", q, self.w1_q).unsqueeze(3)  # (B, H, T, 1, D)
-        b = torch.einsum("bhsd,hde->bhse", k, self.w1_k).unsqueeze(2)  # (B, H, 1, S, D)
-        return torch.einsum("bhtse,he->bhts", torch.tanh(a + b), self.w2)  # (B, H, T, S)
 
 
 class CausalSelfAttention(nn.Module):
@@ -86,6 +69,7 @@ class CausalSelfAttention(nn.Module):
         self.softmax = get_softmax(config.softmax)
         self.masking = config.masking
         self.fused = config.softmax == "softmax0" and config.score == "dot" and config.masking == "causal"
+        self.scale = config.attn_scale  # None: 1/sqrt(D)
 
     def cache_shapes(self) -> list[tuple[int, int]]:
         """(heads, head width) of each tensor this layer keeps per token: keys, values (and relational ones)."""
@@ -129,16 +113,16 @@ class CausalSelfAttention(nn.Module):
         if self.fused and fused_attention and not return_attention:
             causal = mask is None and T > 1
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, enable_gqa=grouped
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=self.scale, enable_gqa=grouped
             )
         else:
             if self.additive is not None:
                 scores = self.additive(q, k)  # (B, H, T, S)
             elif grouped:  # a group's heads broadcast over its key head: compiled, one token is one reduction
                 q5 = q.reshape(B, KV, H // KV, T, D)  # (B, KV, G, T, D)
-                scores = (q5 @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(D)).view(B, H, T, -1)  # (B, H, T, S)
+                scores = self._scaled(q5 @ k.unsqueeze(2).transpose(-2, -1)).view(B, H, T, -1)  # (B, H, T, S)
             else:
-                scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, S)
+                scores = self._scaled(q @ k.transpose(-2, -1))  # (B, H, T, S)
             weights = self._weights(scores, mask)
             weights = F.dropout(weights, dropout_p, self.training)
             if grouped:
@@ -153,6 +137,9 @@ class CausalSelfAttention(nn.Module):
             weights = torch.cat([weights, alpha], dim=1) if weights is not None else None
         y = y.transpose(1, 2).contiguous().view(B, T, -1)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
+
+    def _scaled(self, products: torch.Tensor) -> torch.Tensor:
+        return products / math.sqrt(self.head_dim) if self.scale is None else products * self.scale
 
     def _weights(self, scores: torch.Tensor, mask: torch.Tensor | None):
         """(B, H, T, S) scores -> attention weights under the configured masking."""
@@ -170,21 +157,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """proj(gelu(fc(x))), or SwiGLU's proj(silu(gate(x)) * up(x)) with gate and up as one product (fc)."""
+    """proj(gelu(fc(x))), or a gated unit, proj(act(gate(x)) * up(x)) with gate and up as one product (fc):
+    SwiGLU (act = silu), GeGLU (act = GELU's tanh approximation)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.kind = config.mlp
-        width = 2 * config.d_ff if config.mlp == "swiglu" else config.d_ff
+        self.kind, self.gated = config.mlp, config.gated
+        width = 2 * config.d_ff if config.gated else config.d_ff
         self.fc = nn.Linear(config.d_model, width, bias=config.has_bias("mlp"))
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.has_bias("mlp"))
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C)
-        h = self.fc(x)  # (B, T, d_ff) or, for SwiGLU, (B, T, 2 d_ff): gate then up
-        if self.kind == "swiglu":
+        h = self.fc(x)  # (B, T, d_ff) or, gated, (B, T, 2 d_ff): gate then up
+        if self.gated:
             gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")) * up
         else:
             h = F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none")
         return self.dropout(self.proj(h))
@@ -218,7 +206,8 @@ def norm_layer(config: GPTConfig) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); or, with parallel_residual,
-    x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)."""
+    x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX); with post_norms, each branch's output normed before its add
+    (Gemma 3: x + post_ln_1(attn(ln_1(x))), then x + post_ln_2(mlp(ln_2(x))))."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -227,14 +216,18 @@ class Block(nn.Module):
         self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
         self.parallel = config.parallel_residual
+        self.post_ln_1 = norm_layer(config) if config.post_norms else None
+        self.post_ln_2 = norm_layer(config) if config.post_norms else None
 
     def forward(self, x, mask, positions, rotation, cache, return_attention, fused_attention):
         a, weights = self.attn(self.ln_1(x), mask, positions, rotation, cache, return_attention, fused_attention)
+        if self.post_ln_1 is not None:
+            a = self.post_ln_1(a)
         if self.parallel:
             return x + a + self.mlp(self.ln_2(x)), weights
         x = x + a
-        x = x + self.mlp(self.ln_2(x))
-        return x, weights
+        m = self.mlp(self.ln_2(x))
+        return x + (self.post_ln_2(m) if self.post_ln_2 is not None else m), weights
 
 
 @dataclass
@@ -242,6 +235,18 @@ class GPTOutput:
     logits: torch.Tensor  # (B, T, vocab)
     loss: torch.Tensor | None = None
     attentions: list[torch.Tensor] | None = None  # per layer, (B, H, T, S)
+
+
+def sliding_mask(mask: torch.Tensor | None, positions: torch.Tensor, window: int) -> torch.Tensor | None:
+    """`mask` (B, 1, T, S) narrowed to keys less than `window` positions before each query (column = position);
+    None (causal over the T tokens given) stays None while no query can see past the window."""
+    T = positions.shape[1]
+    if mask is None:
+        if T <= window:
+            return None
+        mask = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril().expand(positions.shape[0], 1, T, T)
+    keys = torch.arange(mask.shape[-1], device=positions.device)
+    return mask & (keys > positions.unsqueeze(-1) - window).unsqueeze(1)
 
 
 def position_table(config: GPTConfig) -> torch.Tensor:
@@ -332,15 +337,21 @@ class GPT(nn.Module):
         # precision then rounds each block's output once, not the running sum of 30 blocks, which moved a real
         # bf16 model's logits by up to 0.35 from float32's and parted its greedy tokens where float32's were clear
         x = x.float()
-        rotation = None
-        if self.config.positions == "rope":
-            c = self.config
-            inv_freq = inverse_frequencies(c.rotated_channels, c.rope_theta, c.rope_scaling, idx.device)
-            rotation = rope_rotation(position_ids, c.rotated_channels, self.tok_emb.weight.dtype, inv_freq)
+        c = self.config
+        kinds = list(dict.fromkeys(c.layer_types or ["full"]))  # in order: a traced graph is the same in every process
+        masks = {kind: mask if kind == "full" else sliding_mask(mask, position_ids, c.sliding_window) for kind in kinds}
+        rotations = dict.fromkeys(kinds)
+        for kind in kinds if c.positions == "rope" else ():  # sliding layers: their own base, unscaled
+            theta, scaling = (
+                (c.rope_local_theta or c.rope_theta, None) if kind == "sliding" else (c.rope_theta, c.rope_scaling)
+            )
+            inv_freq = inverse_frequencies(c.rotated_channels, theta, scaling, idx.device)
+            rotations[kind] = rope_rotation(position_ids, c.rotated_channels, self.tok_emb.weight.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
             cache = kv_cache.layer(layer) if kv_cache is not None else None
-            x, weights = block(x, mask, position_ids, rotation, cache, return_attention, fused_attention)
+            kind = self.config.layer_type(layer)
+            x, weights = block(x, masks[kind], position_ids, rotations[kind], cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul

@@ -24,6 +24,10 @@ def families() -> dict:
 
     llama3 = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                   original_max_position_embeddings=16)  # fmt: skip
+    gemma3 = dict(COMMON, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                  sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                  rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e5, factor=2.0),
+                                   "sliding_attention": dict(rope_type="default", rope_theta=1e4)})  # fmt: skip
     gpt2 = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=2, eos_token_id=2)
     return {
         "llama": (T.LlamaConfig, T.LlamaForCausalLM, dict(COMMON, num_key_value_heads=2)),
@@ -35,6 +39,7 @@ def families() -> dict:
         "mistral": (T.MistralConfig, T.MistralForCausalLM, dict(COMMON, num_key_value_heads=2, sliding_window=None)),
         "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, dict(COMMON, num_key_value_heads=2, tie_word_embeddings=True)),
         "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, dict(COMMON, num_key_value_heads=2, head_dim=16)),
+        "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM, gemma3),
         "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, gpt2),
         "gpt-neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, dict(COMMON, rotary_pct=0.5)),
         "gpt-neox-sequential": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM,
@@ -93,7 +98,7 @@ def test_a_mapped_family_gives_transformers_logits(tmp_path, name):
     torch.testing.assert_close(cached, want, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "gpt-neox"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3", "gpt2", "gpt-neox"])
 def test_a_mapped_family_serves_generates_greedy_tokens_solo_and_batched(tmp_path, name):
     theirs, folder = stored(tmp_path, name)
     model, tokenizer = load_gpt(folder)
