@@ -13,9 +13,11 @@ import numpy as np
 import torch
 
 from model_store.families import GGUF_ARCHES, GGUFArch
+from model_store.gguf_blocks import GROUPED_TYPES, Groups, dense, join, unpack
 from model_store.gguf_files import BLOCK_TENSORS, TOP_TENSORS, GGUFError
 from model_store.store import write_checkpoint
 from models.gpt import GPT, GPTConfig
+from models.quantize import NIBBLE_CHUNK, attach_groups, pack_nibbles
 
 # the tensor types read: the float ones, the legacy and K quants, and IQ4_NL (which llama-quantize writes into
 # Q2_K and Q3_K mixes for rows not a multiple of 256 wide); quantized types are dequantized exactly to float32
@@ -41,7 +43,9 @@ def import_gguf(file: Path, out: Path) -> Path:
     tokenizer, tokenizer_config = gguf_tokenizer(file)
     config = gguf_config(fields, tensors, GGUF_ARCHES[arch_name], tokenizer)
     try:
-        model = GPT.from_state(config, decoder_tensors(tensors, config, GGUF_ARCHES[arch_name]))
+        floats, layers = decoder_tensors(tensors, config, GGUF_ARCHES[arch_name])
+        model = GPT.from_state(config, floats)
+        attach_groups(model, layers, torch.float32)
     except (ValueError, RuntimeError) as e:  # a tensor whose bytes or shape are not what its header says
         raise GGUFError(f"{file}: a tensor cannot be read ({str(e).splitlines()[0][:200]})") from None
     missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
@@ -162,13 +166,16 @@ def sliding_layers(fields: dict, arch_name: str, arch: GGUFArch) -> dict:
     }
 
 
-def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, torch.Tensor]:
-    """The file's tensors under our names, dequantized to float32."""
+def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> tuple[dict, dict]:
+    """The file's tensors under our names: float ones (float32), and the linear layers (and token embedding) of a
+    quantized type as their blocks' codes, scales and zeros (model_store/gguf_blocks.py), by module name."""
     import gguf
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, keep_blocks: bool = True) -> torch.Tensor | Groups:
         t = tensors[name]
         shape = [int(n) for n in reversed(t.shape)]  # GGUF lists the fastest dimension first
+        if keep_blocks and len(shape) == 2 and t.tensor_type.name in GROUPED_TYPES:
+            return unpack(t.data, t.tensor_type.name, tuple(shape))
         values = np.array(gguf.quants.dequantize(t.data, t.tensor_type))  # a copy: the file is mapped read-only
         if not np.isfinite(values).all():
             raise ValueError(f"tensor {name} holds values that are not finite")
@@ -178,7 +185,7 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, to
     for ours, theirs in TOP_TENSORS.items():
         for kind in ("weight", "bias"):
             if f"{theirs}.{kind}" in tensors:
-                out[f"{ours}.{kind}"] = read(f"{theirs}.{kind}")
+                out[f"{ours}.{kind}"] = read(f"{theirs}.{kind}", keep_blocks=ours != "pos_emb")
     if "pos_emb.weight" in out:
         out["pos_emb.weight"] = out["pos_emb.weight"][: c.context_length]
     for i in range(c.n_layer):
@@ -189,10 +196,42 @@ def decoder_tensors(tensors: dict, c: GPTConfig, arch: GGUFArch) -> dict[str, to
                     out[f"{ours}{name}.{kind}"] = read(f"{theirs}{gguf_name}.{kind}")
             parts = ["ffn_gate", "ffn_up"] if c.gated else ["ffn_up"]
             if f"{theirs}ffn_up.{kind}" in tensors:
-                out[f"{ours}mlp.fc.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in parts])
+                out[f"{ours}mlp.fc.{kind}"] = joined([read(f"{theirs}{p}.{kind}") for p in parts])
             qkv = ["attn_qkv"] if arch.fused_qkv else ["attn_q", "attn_k", "attn_v"]
             if f"{theirs}{qkv[0]}.{kind}" in tensors:
-                out[f"{ours}attn.qkv.{kind}"] = torch.cat([read(f"{theirs}{p}.{kind}") for p in qkv])
+                out[f"{ours}attn.qkv.{kind}"] = joined([read(f"{theirs}{p}.{kind}") for p in qkv])
+    floats = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+    layers = {}
+    for k, v in out.items():
+        if isinstance(v, Groups):
+            module = k.removesuffix(".weight")
+            module = "tok_emb.table" if module == "tok_emb" else module
+            layers[module] = as_tensors(v)
+            if f"{k.removesuffix('.weight')}.bias" in floats:
+                layers[module]["bias"] = floats.pop(f"{k.removesuffix('.weight')}.bias")
+    return floats, layers
+
+
+def joined(parts: list) -> torch.Tensor | Groups:
+    """Tensors fused along their rows (q, k, v; gate, up): float parts as one float tensor; quantized parts as one
+    Groups, in the narrowest form that holds every part exactly (model_store/gguf_blocks.py: `join`)."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts)
+    if any(isinstance(p, torch.Tensor) for p in parts):  # a float part beside quantized ones: all as floats
+        return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(dense(p)) for p in parts])
+    return join(parts)
+
+
+def as_tensors(g: Groups) -> dict[str, torch.Tensor]:
+    """A Groups as GroupQuantLinear's buffers: 4-bit codes two a byte where the width allows, else a byte each."""
+    codes = torch.from_numpy(np.ascontiguousarray(g.codes))
+    if g.bits <= 4 and codes.dtype == torch.uint8 and not codes.shape[1] % NIBBLE_CHUNK:
+        packed = pack_nibbles(codes)
+    else:
+        packed = codes.to(torch.int8)  # unsigned codes of up to 6 bits, or signed bytes
+    out = {"codes": packed, "scales": torch.from_numpy(g.scales.astype(np.float32))}
+    if g.zeros is not None:
+        out["zeros"] = torch.from_numpy(g.zeros.astype(np.float32))
     return out
 
 

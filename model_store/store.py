@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from model_store.digests import sha256_of
 from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
 from models.gpt import GPT, GPTConfig
+from models.quantize import attach_groups
 from models.tokenizer import EOS_TOKEN
 
 STORE_ROOT = Path(__file__).resolve().parent
@@ -79,9 +80,9 @@ def write_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save(folder / "config.json")
     state = {
-        name: t.detach().to("cpu", dtype).contiguous()
+        name: cast(t.detach().cpu(), dtype).contiguous()  # codes of quantized layers stay integers
         for name, t in model.state_dict().items()
-        if not (model.config.tie_weights and name == "lm_head.weight")
+        if not (model.config.tie_weights and name.startswith("lm_head."))
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     eos = tokenizer.id_to_token(model.config.eos_token_id) or EOS_TOKEN
@@ -201,7 +202,8 @@ def load_gpt(
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # cast one tensor at a time
-        state = {k: cast(f.get_tensor(k), dtype) for k in f.keys()}
+        layers = quantized_layers(f)  # group-quantized layers (a GGUF file's blocks): codes and float32 scales as kept
+        state = {k: cast(f.get_tensor(k), dtype) for k in f.keys() if k.rpartition(".")[0] not in layers}
     try:
         if family.name == "gpt":
             config = GPTConfig.from_dict(config_dict)
@@ -223,11 +225,21 @@ def load_gpt(
             )
     unexpected = [name for name in state if name not in expected]
     model = GPT.from_state(config, state)  # the file's tensors as cast: no float32 copy at random first
+    try:
+        attach_groups(
+            model,
+            {k: {n: cast(t, dtype) if n == "bias" else t for n, t in v.items()} for k, v in layers.items()},
+            dtype,
+        )
+    except (AttributeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(folder / "model.safetensors", f"quantized layers do not fit the config ({e})") from None
     missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing or unexpected:
         raise CheckpointError(
             folder / "model.safetensors", f"missing tensors {missing}, unexpected tensors {unexpected}"
         )
+    # a quantized model's codes, scales and zeros keep their types (its float tensors are cast already)
+    model = model.to(device) if layers else model.to(device=device, dtype=dtype)
     try:
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as e:
@@ -237,7 +249,20 @@ def load_gpt(
             folder / "tokenizer.json",
             f"vocabulary {tokenizer.get_vocab_size()} > config vocab_size {config.vocab_size}",
         )
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
+    return model.eval(), tokenizer
+
+
+def quantized_layers(f) -> dict[str, dict[str, torch.Tensor]]:
+    """The file's group-quantized layers (models/quantize.py, GroupQuantLinear): module name -> its codes, scales,
+    zeros and bias, as stored."""
+    keys = set(f.keys())
+    layers = {}
+    for key in keys:
+        if key.endswith(".codes"):
+            module = key.removesuffix(".codes")
+            parts = ("codes", "scales", "zeros", "bias")
+            layers[module] = {p: f.get_tensor(f"{module}.{p}") for p in parts if f"{module}.{p}" in keys}
+    return layers
 
 
 def load_mlm(folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

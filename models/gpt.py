@@ -346,7 +346,7 @@ class GPT(nn.Module):
                 (c.rope_local_theta or c.rope_theta, None) if kind == "sliding" else (c.rope_theta, c.rope_scaling)
             )
             inv_freq = inverse_frequencies(c.rotated_channels, theta, scaling, idx.device)
-            rotations[kind] = rope_rotation(position_ids, c.rotated_channels, self.tok_emb.weight.dtype, inv_freq)
+            rotations[kind] = rope_rotation(position_ids, c.rotated_channels, self.ln_f.weight.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
             cache = kv_cache.layer(layer) if kv_cache is not None else None
@@ -387,7 +387,7 @@ class GPT(nn.Module):
         context_length tokens; generation stops at the context limit or at the end-of-text token.
         Stop sequences are matched on text, which is the detokenizer's job: the server's, not this.
         """
-        idx = idx[:, -self.config.context_length :].to(self.lm_head.weight.device)  # a prompt from the CPU
+        idx = idx[:, -self.config.context_length :].to(self.ln_f.weight.device)  # a prompt from the CPU
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         state = SequenceState(params, idx[0].tolist(), 0, generator)
         T = idx.shape[1]

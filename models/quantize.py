@@ -87,3 +87,142 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     """Every nn.Linear of the model becomes a WeightOnlyInt8Linear, in place (a head tied to the
     embedding gets an int8 copy; the embedding keeps its weights)."""
     return replace_linears(model, WeightOnlyInt8Linear)
+
+
+# ---------------------------------------------------------------- group-quantized weights (GGUF's blocks)
+
+
+NIBBLE_CHUNK = 64  # columns whose codes share 32 bytes (K a multiple of it)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes 0..15 -> (N, K / 2) bytes: a 64-column chunk's byte j holds code j low and code 32 + j high
+    (what our kernel unpacks with one shift: server/execution/group_gemm.cpp)."""
+    n, k = codes.shape
+    chunks = codes.to(torch.uint8).view(n, k // NIBBLE_CHUNK, 2, NIBBLE_CHUNK // 2)
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """pack_nibbles' inverse: (N, K / 2) bytes -> (N, K) codes 0..15."""
+    n, half = packed.shape
+    chunks = packed.view(n, half * 2 // NIBBLE_CHUNK, 1, NIBBLE_CHUNK // 2)
+    return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).reshape(n, half * 2)
+
+
+class GroupQuantLinear(nn.Module):
+    """A linear layer whose weight is integer codes with a float32 scale (and zero) per group of 16 or 32 columns,
+    w = code * scale + zero: GGUF's quantized types exactly (model_store/gguf_blocks.py), and float weights quantized
+    on request (`quantize_int4`). Codes of 4 bits are held two a byte (pack_nibbles; K a multiple of 64), others one
+    signed byte each.
+
+    `product`, when the server sets it, computes x @ w.T from the codes (server/execution/group_gemm.py: our kernel,
+    which reads the codes once); without it the weight is dequantized into the activations' dtype for F.linear."""
+
+    def __init__(
+        self,
+        codes: torch.Tensor,  # (N, K / 2) uint8 (bits 4) or (N, K) int8
+        scales: torch.Tensor,  # (N, K / group) float32
+        zeros: torch.Tensor | None,  # (N, K / group) float32, or None (0)
+        bias: torch.Tensor | None,  # (N,)
+        bits: int,
+    ) -> None:
+        super().__init__()
+        self.bits = bits
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * (2 if bits == 4 else 1)
+        self.group = self.in_features // scales.shape[1]
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+        self.register_buffer("bias", bias)
+        self.product: Callable | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        if self.product is not None:
+            return self.product(x, self.codes, self.bits, self.scales, self.zeros, self.bias)
+        return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (N, K) weight, computed in float32 (exact for GGUF's types), in dtype."""
+        codes = unpack_nibbles(self.codes) if self.bits == 4 else self.codes
+        n, k = codes.shape
+        w = codes.float().view(n, -1, self.group) * self.scales.unsqueeze(-1)
+        if self.zeros is not None:
+            w = w + self.zeros.unsqueeze(-1)
+        return w.view(n, k).to(dtype)
+
+
+def quantize_int4(model: nn.Module) -> nn.Module:
+    """Every nn.Linear whose input width is a multiple of 64 becomes a GroupQuantLinear of 4-bit codes, groups of 32
+    columns with a scale and a zero each (Q4_1's form: the group's minimum and (max - min) / 15), in place."""
+
+    def int4(linear: nn.Linear) -> nn.Module:
+        n, k = linear.weight.shape
+        if k % NIBBLE_CHUNK:
+            return linear
+        w = linear.weight.detach().float().view(n, k // 32, 32)
+        low, high = w.amin(-1), w.amax(-1)
+        scales = ((high - low) / 15).clamp_min(1e-12)
+        codes = ((w - low.unsqueeze(-1)) / scales.unsqueeze(-1)).round().clamp(0, 15).view(n, k)
+        bias = linear.bias.detach().clone() if linear.bias is not None else None
+        return GroupQuantLinear(pack_nibbles(codes), scales, low, bias, bits=4)
+
+    return replace_linears(model, int4)
+
+
+class GroupQuantEmbedding(nn.Module):
+    """A token embedding held as GroupQuantLinear's codes (a tied LM head is a GroupQuantLinear over the same
+    buffers): a lookup dequantizes the rows it reads, in float32, then casts them to `dtype`."""
+
+    def __init__(self, table: GroupQuantLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, C)
+        t = self.table
+        rows = t.codes[idx.flatten()]
+        codes = unpack_nibbles(rows) if t.bits == 4 else rows
+        w = codes.float().view(rows.shape[0], -1, t.group) * t.scales[idx.flatten()].float().unsqueeze(-1)
+        if t.zeros is not None:
+            w = w + t.zeros[idx.flatten()].float().unsqueeze(-1)
+        return w.view(*idx.shape, -1).to(self.dtype)
+
+
+def attach_groups(model: nn.Module, layers: dict[str, dict[str, torch.Tensor]], dtype: torch.dtype) -> None:
+    """The model's linear layers (and token embedding) named in `layers` become GroupQuantLinear over the given
+    codes, scales, zeros (and bias); a head tied to a quantized embedding is a GroupQuantLinear over its buffers."""
+    for name, t in layers.items():
+        bits = 4 if t["codes"].dtype == torch.uint8 else 8
+        layer = GroupQuantLinear(t["codes"], t["scales"], t.get("zeros"), t.get("bias"), bits)
+        module_name = name.removesuffix(".table")
+        parent, _, attribute = module_name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        if isinstance(getattr(owner, attribute), nn.Embedding):
+            setattr(owner, attribute, GroupQuantEmbedding(layer, dtype))
+            if getattr(getattr(model, "config", None), "tie_weights", False) and module_name == "tok_emb":
+                model.lm_head = layer
+        else:
+            setattr(owner, attribute, layer)
+
+
+def widen_groups(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every GroupQuantLinear becomes an nn.Linear of its dequantized weight in dtype (and a quantized embedding an
+    nn.Embedding, the tied head sharing it), in place: where no kernel reads the codes, a float product is faster
+    than dequantizing at every call."""
+    for name, module in list(model.named_modules()):
+        parent, _, attribute = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        if isinstance(module, GroupQuantEmbedding):
+            table = module.table.dequantized(dtype)
+            embedding = nn.Embedding(*table.shape, _weight=table, _freeze=True)
+            setattr(owner, attribute, embedding)
+            if isinstance(getattr(model, "lm_head", None), GroupQuantLinear) and model.lm_head is module.table:
+                head = nn.Linear(table.shape[1], table.shape[0], bias=False)
+                head.weight = embedding.weight
+                model.lm_head = head
+        elif isinstance(module, GroupQuantLinear) and getattr(owner, attribute, None) is module:
+            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            linear.weight = nn.Parameter(module.dequantized(dtype), requires_grad=False)
+            if module.bias is not None:
+                linear.bias = nn.Parameter(module.bias.to(dtype), requires_grad=False)
+            setattr(owner, attribute, linear)

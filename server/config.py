@@ -24,10 +24,12 @@ class Settings(BaseSettings):
         description="auto (float16 on CUDA; bfloat16 on CPUs with native bf16, i.e. AVX512-BF16 or AMX; "
         "else float32), float32, float16, bfloat16 (without AVX-512: faster than float32 at one stream, slower at 32)",
     )
-    weights: Literal["native", "int8"] = Field(
+    weights: Literal["native", "int8", "int4"] = Field(
         "native",
-        description="native (the weights in `dtype`) or int8 (weight-only int8 linear layers with per-channel "
-        "scales, activations in `dtype`: half the bytes a decode step reads in bf16; docs/BENCHMARKS.md)",
+        description="native (a float checkpoint in `dtype`; a quantized GGUF file in its own bits), int8 "
+        "(weight-only int8 linear layers with per-channel scales, activations in `dtype`: half the bytes a decode "
+        "step reads in bf16) or int4 (4-bit codes in groups of 32 with a scale and a zero each, as GGUF's Q4_1; "
+        "docs/BENCHMARKS.md)",
     )
     ready_after: Literal["default", "all", "compiled"] = Field(
         "default",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,9 +31,9 @@ def load_runner(
     import json
 
     from model_store import CheckpointError, load_causal_lm, load_gpt
-    from models.quantize import quantize_int8
+    from models.quantize import quantize_int4, quantize_int8
 
-    quantize = quantize_int8 if weights == "int8" else (lambda model: model)
+    quantize = {"int8": quantize_int8, "int4": quantize_int4}.get(weights, lambda model: model)
     budget = kv_cache_mb * 2**20 if kv_cache_mb is not None else None
     if runner == "decoder":  # ours, or a family model_store/families.py maps onto it
         from server.execution.decoder.runner import GPTRunner, pool_blocks
@@ -44,8 +45,11 @@ def load_runner(
         except ValueError as e:
             raise CheckpointError(folder, str(e)) from None
         model = quantize(model)
+        held = held_as(model, dtype, weights)
         on_huge_pages(model)  # before the runner's copies of it (prepacked layers) and its cache
         served = GPTRunner(model, tokenizer, max_rows, family, blocks)
+        served.facts = replace(served.facts, weights=held)
+        log.info("%s: weights %s", folder.name, held)
         return cut_context_logged(served, folder, model.config.context_length, kv_cache_mb)
     if runner == "transformers":
         from server.execution.hf_causal import HFCausalLMRunner, served_context
@@ -60,6 +64,24 @@ def load_runner(
             raise CheckpointError(folder / "config.json", str(e)) from None
         return cut_context_logged(served, folder, served_context(model.config, max_context), kv_cache_mb)
     raise CheckpointError(folder / "config.json", f"no causal-LM runner {runner!r}")
+
+
+def held_as(model: torch.nn.Module, dtype: torch.dtype, weights: str) -> str:
+    """Group-quantized layers (a GGUF file's blocks, or weights=int4) computed from their codes by our kernel where
+    it runs (bf16 on AVX-512 VNNI and BF16), else widened once to dtype (exact in float32; nothing reads codes
+    faster there); what the weights are held as, in words."""
+    from models.quantize import GroupQuantLinear, widen_groups
+    from server.execution import group_gemm
+
+    layers = [m for m in model.modules() if isinstance(m, GroupQuantLinear)]
+    if not layers:
+        return f"{weights} ({str(dtype).removeprefix('torch.')})" if weights != "native" else "native"
+    kinds = sorted({f"{m.bits if m.bits == 4 else 8}-bit codes in groups of {m.group}" for m in layers})
+    if dtype == torch.bfloat16 and group_gemm.use_kernel(model):
+        return f"{len(layers)} quantized layers in their own bits ({', '.join(kinds)}): our AVX-512 VNNI kernel"
+    widen_groups(model, dtype)
+    why = "float32 activations" if dtype != torch.bfloat16 else "no AVX-512 VNNI and BF16"
+    return f"{len(layers)} quantized layers widened to {str(dtype).removeprefix('torch.')} ({why})"
 
 
 def cut_context_logged(runner, folder: Path, full: int, kv_cache_mb: int | None):

@@ -64,6 +64,7 @@ class ModelFacts:
     slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
     kv_blocks: int = 0  # blocks of its paged KV pool (the engine hands them out); 0: a static slot a sequence
     verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
+    weights: str = ""  # what its weights are held as and what computes them (server/execution/loader.py)
 
 
 def context_within(per_position: int, rows: int, context: int, budget_bytes: int | None, spare: int = 0) -> int:

@@ -30,6 +30,7 @@ def summary(m: ServedModel) -> ModelSummary:
         layers=m.facts.layers,
         heads=m.facts.heads,
         context_length=m.facts.context_length,
+        weights=m.facts.weights,
     )
 
 

@@ -21,6 +21,11 @@ class ModelSummary(BaseModel):
     layers: int | None = None
     heads: int | None = Field(default=None, description="attention heads per layer (relational heads included)")
     context_length: int | None = None
+    weights: str = Field(
+        default="",
+        description="how the weights are held and computed: the dtype's floats, int8, or a GGUF file's "
+        "quantized blocks in their own bits (which kernel), or widened to the dtype",
+    )
 
 
 class ModelList(BaseModel):

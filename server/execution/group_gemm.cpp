@@ -1,0 +1,187 @@
+// out (M, N) = x (M, K) @ w (N, K)^T (+ bias) for w held as GGUF's blocks are: integer codes with a float16 scale (and
+// zero) per group of 16 or 32 columns, w = code * scale + zero. x and out bfloat16 (group_gemm.py builds and calls it).
+//
+// As llama.cpp computes its quantized products: each row of x is quantized to int8 per group of 32 columns
+// (x ~ dx * qx, dx = max |x| / 127), and a group's dot product is one of integers, code . qx, with AVX-512 VNNI's
+// unsigned x signed byte products (vpdpbusd: 64 products an instruction), scaled by scale * dx; a group's zero
+// multiplies the exact float sum of x over the group. Codes: 4 bits, two a byte (a 64-column chunk's byte j holds
+// code j in its low half, code 32 + j in its high half), or one signed byte each (offset by 128 to unsigned for
+// vpdpbusd, the offset taken back through the row's own products with 128). K is a multiple of 64.
+//
+// A thread takes blocks of N_BLOCK rows of w, turns their codes into unsigned bytes once in a tile that stays in its
+// cache, and runs every row of x over the tile, M_BLOCK rows at a time.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int64_t N_BLOCK = 4;
+constexpr int64_t M_BLOCK = 4;
+
+inline uint16_t to_bf16(float value) {  // round to nearest even, as torch does
+  uint32_t bits;
+  memcpy(&bits, &value, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float from_bf16(uint16_t value) {
+  uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float out;
+  memcpy(&out, &bits, 4);
+  return out;
+}
+
+// x's rows quantized: per row, K int8 values, and per 64-column chunk the lanes' factors (lanes 0-7: the first
+// 32-group's dx, 8-15: the second's) and the lanes' offsets (128 x the sum of the 4 values each lane multiplies)
+struct Activations {
+  std::vector<int8_t> q;       // (M, K)
+  std::vector<float> dx;       // (M, K / 64, 16)
+  std::vector<int32_t> offset; // (M, K / 64, 16)
+  std::vector<float> sums;     // (M, K / group): the float sum of x over each w group, for the zeros
+};
+
+void quantize(const uint16_t* x, int64_t M, int64_t K, int group, bool offsets, bool zeros, Activations& a) {
+  const int64_t chunks = K / 64;
+  a.q.resize(M * K);
+  a.dx.resize(M * chunks * 16);
+  if (offsets) a.offset.resize(M * chunks * 16);
+  if (zeros) a.sums.resize(M * (K / group));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < K / 32; ++g) {
+      const uint16_t* xs = x + m * K + g * 32;
+      float top = 0;
+      for (int k = 0; k < 32; ++k) top = fmaxf(top, fabsf(from_bf16(xs[k])));
+      const float d = top / 127.0f, inv = top > 0 ? 127.0f / top : 0.0f;
+      int8_t* qs = a.q.data() + m * K + g * 32;
+      for (int k = 0; k < 32; ++k) qs[k] = static_cast<int8_t>(lrintf(from_bf16(xs[k]) * inv));
+      float* lanes = a.dx.data() + (m * chunks + g / 2) * 16 + (g % 2) * 8;
+      for (int l = 0; l < 8; ++l) lanes[l] = d;
+      if (offsets) {
+        int32_t* o = a.offset.data() + (m * chunks + g / 2) * 16 + (g % 2) * 8;
+        for (int l = 0; l < 8; ++l) o[l] = 128 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+      }
+    }
+    for (int64_t g = 0; zeros && g < K / group; ++g) {
+      float s = 0;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += from_bf16(x[m * K + k]);
+      a.sums[m * (K / group) + g] = s;
+    }
+  }
+}
+
+// row n's codes as K unsigned bytes in k order (byte codes offset by 128)
+inline void codes_to_bytes(const uint8_t* codes, int bits, int64_t n, int64_t K, uint8_t* tile) {
+  const __m256i low_half = _mm256_set1_epi8(0x0F);
+  for (int64_t k = 0; k < K; k += 64) {
+    if (bits == 4) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (n * K + k) / 2));
+      const __m256i lo = _mm256_and_si256(b, low_half);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
+      _mm512_storeu_si512(tile + k, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    } else {
+      const __m512i b = _mm512_loadu_si512(codes + n * K + k);
+      _mm512_storeu_si512(tile + k, _mm512_xor_si512(b, _mm512_set1_epi8(static_cast<char>(0x80))));
+    }
+  }
+}
+
+// row n's scales for the lanes of a 64-column chunk: a vpdpbusd lane sums 4 columns
+inline __m512 chunk_scales(const uint16_t* scales, int64_t n, int64_t groups, int group, int64_t chunk) {
+  const int per_chunk = 64 / group;
+  const __m128i half = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1 << per_chunk) - 1), scales + n * groups + chunk * per_chunk);
+  const __m512i lanes = group == 32 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                                    : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(_mm256_cvtph_ps(half)));
+}
+
+template <int MB, int NB>
+inline void block(const Activations& a, const uint8_t* tile, const uint16_t* scales, const uint16_t* zeros,
+                  const uint16_t* bias, uint16_t* out, int64_t m0, int64_t n0, int64_t N, int64_t K, int group,
+                  bool offsets) {
+  const int64_t groups = K / group, chunks = K / 64;
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512i wv[NB];
+    __m512 sv[NB];
+    for (int j = 0; j < NB; ++j) {
+      wv[j] = _mm512_loadu_si512(tile + j * K + c * 64);
+      sv[j] = chunk_scales(scales, n0 + j, groups, group, c);
+    }
+    for (int i = 0; i < MB; ++i) {
+      const int64_t at = (m0 + i) * chunks + c;
+      const __m512i qx = _mm512_loadu_si512(a.q.data() + (m0 + i) * K + c * 64);
+      const __m512 dx = _mm512_loadu_ps(a.dx.data() + at * 16);
+      const __m512i start = offsets ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(a.offset.data() + at * 16))
+                                    : _mm512_setzero_si512();
+      for (int j = 0; j < NB; ++j) {
+        const __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wv[j], qx));
+        acc[i][j] = _mm512_fmadd_ps(dots, _mm512_mul_ps(sv[j], dx), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) {
+      float sum = _mm512_reduce_add_ps(acc[i][j]);
+      if (zeros) {
+        const uint16_t* z = zeros + (n0 + j) * groups;
+        const float* s = a.sums.data() + (m0 + i) * groups;
+        __m512 zacc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g += 16) {
+          const __mmask16 live = groups - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (groups - g)) - 1);
+          const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, z + g));
+          zacc = _mm512_fmadd_ps(zv, _mm512_maskz_loadu_ps(live, s + g), zacc);
+        }
+        sum += _mm512_reduce_add_ps(zacc);
+      }
+      if (bias) sum += from_bf16(bias[n0 + j]);
+      out[(m0 + i) * N + n0 + j] = to_bf16(sum);
+    }
+}
+
+template <int NB>
+inline void rows_of_x(const Activations& a, const uint8_t* tile, const uint16_t* scales, const uint16_t* zeros,
+                      const uint16_t* bias, uint16_t* out, int64_t n0, int64_t M, int64_t N, int64_t K, int group,
+                      bool offsets) {
+  int64_t m0 = 0;
+  for (; m0 + M_BLOCK <= M; m0 += M_BLOCK)
+    block<M_BLOCK, NB>(a, tile, scales, zeros, bias, out, m0, n0, N, K, group, offsets);
+  switch (M - m0) {
+    case 3: block<3, NB>(a, tile, scales, zeros, bias, out, m0, n0, N, K, group, offsets); break;
+    case 2: block<2, NB>(a, tile, scales, zeros, bias, out, m0, n0, N, K, group, offsets); break;
+    case 1: block<1, NB>(a, tile, scales, zeros, bias, out, m0, n0, N, K, group, offsets); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+extern "C" void group_gemm_bf16(const uint16_t* x, const uint8_t* codes, int bits, const uint16_t* scales,
+                                const uint16_t* zeros, int group, const uint16_t* bias, uint16_t* out, int64_t M,
+                                int64_t N, int64_t K, int threads) {
+  const bool offsets = bits == 8;
+  Activations a;
+  quantize(x, M, K, group, offsets, zeros != nullptr, a);
+  const int64_t blocks = (N + N_BLOCK - 1) / N_BLOCK;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<uint8_t> tile(N_BLOCK * K);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * N_BLOCK;
+      const int64_t rows = N - n0 < N_BLOCK ? N - n0 : N_BLOCK;
+      for (int64_t j = 0; j < rows; ++j) codes_to_bytes(codes, bits, n0 + j, K, tile.data() + j * K);
+      if (rows == N_BLOCK)
+        rows_of_x<N_BLOCK>(a, tile.data(), scales, zeros, bias, out, n0, M, N, K, group, offsets);
+      else
+        for (int64_t j = 0; j < rows; ++j)
+          rows_of_x<1>(a, tile.data() + j * K, scales, zeros, bias, out, n0 + j, M, N, K, group, offsets);
+    }
+  }
+}
