@@ -13,6 +13,7 @@ CI has no llama.cpp: the files are committed, and the tests assert which tensor 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,8 @@ def save_model(folder: Path, kind: str, tok) -> None:
             p.mul_(4.0) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
     model.eval().save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=tok.id_to_token(eos)).save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"  # the converter's transformers (4.x) knows the older class name
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
 def main() -> None:
