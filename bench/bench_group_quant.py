@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 
 import torch
 
@@ -32,7 +33,7 @@ def timed(fn, x, repeat: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", action="append", help="IN x OUT, e.g. 1024x3072 (default: Qwen3-0.6B's MLP)")
-    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--rows", default="1,8,16,17,32,128")
     args = parser.parse_args()
     torch.manual_seed(0)
     for shape in args.shape or ["1024x3072", "3072x1024"]:
@@ -40,7 +41,7 @@ def main() -> None:
         linear = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
         w = linear.weight.detach().float()
         codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
-        scales, zeros = torch.rand(n, k // 32) * 0.01, torch.randn(n, k // 32) * 0.01
+        scales, zeros = (torch.rand(n, k // 32) * 0.01).half(), (torch.randn(n, k // 32) * 0.01).half()
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
         scales_and_zeros = torch.stack([scales.t(), zeros.t()], -1).to(torch.bfloat16).contiguous()
         q4 = GroupQuantLinear(pack_nibbles(codes), scales, zeros, None, bits=4)
@@ -48,10 +49,10 @@ def main() -> None:
         q4.product = q8.product = product
         sides = {
             "bf16 linear": (linear, w.numel() * 2),
-            "aten int4": (lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros),
-                          w.numel() // 2 + scales.numel() * 4),
-            "ours 4-bit": (q4, w.numel() // 2 + scales.numel() * 8),
-            "ours 8-bit": (q8, w.numel() + scales.numel() * 8),
+            "aten int4": (partial(torch.ops.aten._weight_int4pack_mm_for_cpu, mat2=packed, qGroupSize=32,
+                                  qScaleAndZeros=scales_and_zeros), w.numel() // 2 + scales.numel() * 4),
+            "ours 4-bit": (q4, w.numel() // 2 + scales.numel() * 4),
+            "ours 8-bit": (q8, w.numel() + scales.numel() * 4),
         }  # fmt: skip
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k, dtype=torch.bfloat16)

@@ -74,10 +74,10 @@ def gap(model, sequence: list[int]) -> float:
 
 
 def dequantized(file: Path, out: Path) -> Path:
-    """The GGUF file as a store folder, its quantized tensors dequantized to float32."""
+    """The GGUF file as a store folder (its quantized tensors as their blocks' codes: the loader widens them to the
+    dtype where our kernel does not serve)."""
     from model_store import gguf_import
 
-    gguf_import.READ_TYPES = (*gguf_import.READ_TYPES, "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K")
     return gguf_import.import_gguf(file, out)
 
 

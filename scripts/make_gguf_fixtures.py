@@ -69,7 +69,8 @@ def save_model(folder: Path, kind: str, tok) -> None:
     model.eval().save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=tok.id_to_token(eos)).save_pretrained(folder)
     config_file = folder / "tokenizer_config.json"  # the converter's transformers (4.x) knows the older class name
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"tokenizer_class": "PreTrainedTokenizerFast"}))
+    named = json.loads(config_file.read_text()) | {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config_file.write_text(json.dumps(named))
 
 
 def main() -> None:

@@ -185,3 +185,26 @@ extern "C" void group_gemm_bf16(const uint16_t* x, const uint8_t* codes, int bit
     }
   }
 }
+
+// w (N, K) in bfloat16: code * scale + zero of every weight, computed in float32 (for products of many rows, which
+// oneDNN's bf16 GEMM then computes faster than integer dot products)
+extern "C" void group_dequantize_bf16(const uint8_t* codes, int bits, const uint16_t* scales, const uint16_t* zeros,
+                                      int group, uint16_t* out, int64_t N, int64_t K, int threads) {
+  const int64_t groups = K / group;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<uint8_t> row(K);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      codes_to_bytes(codes, bits, n, K, row.data());
+      for (int64_t k = 0; k < K; k += 16) {
+        const int64_t g = k / group;
+        const float scale = _cvtsh_ss(scales[n * groups + g]), zero = zeros ? _cvtsh_ss(zeros[n * groups + g]) : 0.0f;
+        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.data() + k)));
+        if (bits == 8) c = _mm512_sub_epi32(c, _mm512_set1_epi32(128));  // the tile's bytes are offset by 128
+        const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(scale), _mm512_set1_ps(zero));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * K + k), (__m256i)_mm512_cvtneps_pbh(w));
+      }
+    }
+  }
+}

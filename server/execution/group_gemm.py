@@ -24,6 +24,9 @@ from models.quantize import GroupQuantLinear
 from server.execution import native, skinny_gemm
 
 SOURCE = Path(__file__).with_suffix(".cpp")
+# up to this many rows the integer kernel; more (a prompt) dequantize the weight into bf16 for oneDNN's GEMM, faster
+# from about 8 rows on (bench/bench_group_quant.py)
+KERNEL_MAX_ROWS = 8
 
 LIBRARY = torch.library.Library("tinyserve", "FRAGMENT")
 LIBRARY.define("group_linear(Tensor x, Tensor codes, int bits, Tensor scales, Tensor? zeros, Tensor? bias) -> Tensor")
@@ -37,6 +40,8 @@ def library() -> ctypes.CDLL | None:
         v, i64 = ctypes.c_void_p, ctypes.c_int64
         kernel.group_gemm_bf16.argtypes = [v, v, ctypes.c_int, v, v, ctypes.c_int, v, v, i64, i64, i64, ctypes.c_int]
         kernel.group_gemm_bf16.restype = None
+        kernel.group_dequantize_bf16.argtypes = [v, ctypes.c_int, v, v, ctypes.c_int, v, i64, i64, ctypes.c_int]
+        kernel.group_dequantize_bf16.restype = None
     return kernel
 
 
@@ -60,13 +65,18 @@ def group_linear(
         layer = GroupQuantLinear(codes, scales, zeros, bias, bits)
         return F.linear(x, layer.dequantized(x.dtype), bias)
     x = x.contiguous()
-    out = x.new_empty((*x.shape[:-1], n))
     bias = bias.to(torch.bfloat16).contiguous() if bias is not None else None
-    library().group_gemm_bf16(
-        x.data_ptr(), codes.data_ptr(), bits, scales.data_ptr(), zeros.data_ptr() if zeros is not None else None,
-        k // groups, bias.data_ptr() if bias is not None else None, out.data_ptr(), x.numel() // k, n, k,
-        torch.get_num_threads(),
-    )  # fmt: skip
+    zeros_at = zeros.data_ptr() if zeros is not None else None
+    rows, threads, bias_at = x.numel() // k, torch.get_num_threads(), bias.data_ptr() if bias is not None else None
+    if rows > KERNEL_MAX_ROWS:  # a prompt: the weight in bf16 once, for oneDNN's GEMM
+        w = x.new_empty((n, k))
+        dequantize = library().group_dequantize_bf16
+        dequantize(codes.data_ptr(), bits, scales.data_ptr(), zeros_at, k // groups, w.data_ptr(), n, k, threads)
+        return F.linear(x, w, bias)
+    out = x.new_empty((*x.shape[:-1], n))
+    product = library().group_gemm_bf16
+    product(x.data_ptr(), codes.data_ptr(), bits, scales.data_ptr(), zeros_at, k // groups, bias_at, out.data_ptr(),
+            rows, n, k, threads)  # fmt: skip
     return out
 
 
