@@ -13,7 +13,6 @@ CI has no llama.cpp: the files are committed, and the tests assert which tensor 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -22,19 +21,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.bench_families import readable_by_converter, to_gguf  # noqa: E402  (the converter, run as the bench runs it)
+
 OUT = ROOT / "tests" / "fixtures" / "gguf"
 LLAMA_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL")
 GEMMA_TYPES = ("Q4_K_M",)
-# llama.cpp names a BPE pre-tokenizer by hashing a test string's ids; the tests' tokenizer splits as GPT-2's
-CONVERT = """
-import runpy, sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
-from conversion.base import TextModel
-TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = [sys.argv[1] + "/convert_hf_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
 MODELS = {
     "llama": dict(hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=128),
@@ -68,16 +60,14 @@ def save_model(folder: Path, kind: str, tok) -> None:
             p.mul_(4.0) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
     model.eval().save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=tok.id_to_token(eos)).save_pretrained(folder)
-    config_file = folder / "tokenizer_config.json"  # the converter's transformers (4.x) knows the older class name
-    named = json.loads(config_file.read_text()) | {"tokenizer_class": "PreTrainedTokenizerFast"}
-    config_file.write_text(json.dumps(named))
+    readable_by_converter(folder)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama", type=Path, required=True, help="the peers' work folder (setup.sh built it)")
     args = parser.parse_args()
-    python = args.llama / "venv-peers" / "bin" / "python"
+    python = str(args.llama / "venv-peers" / "bin" / "python")
     source = next(args.llama.glob("src/*/vendor/llama.cpp"))
     quantize = next(args.llama.glob("**/bin/llama-quantize"))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -87,7 +77,7 @@ def main() -> None:
             name = kind.removesuffix("_text")
             folder, f32 = Path(tmp) / name, Path(tmp) / f"{name}-f32.gguf"
             save_model(folder, kind, tok)
-            subprocess.run([python, "-c", CONVERT, source, folder, "--outtype", "f32", "--outfile", f32], check=True)
+            to_gguf(python, source, folder, "f32", f32)
             if kind == "gemma3_text":  # the float file too: Gemma 3's own layout, exactly
                 (OUT / f32.name).write_bytes(f32.read_bytes())
             for t in types:

@@ -213,3 +213,14 @@ def test_a_truncated_safetensors_file_is_refused_in_one_line(tmp_path):
         add_checkpoint(src, "y", tmp_path / "store")
     assert "\n" not in str(refused.value)
     assert not (tmp_path / "store" / "y").exists()
+
+
+def test_the_runner_says_what_holds_the_weights(tmp_path):
+    from server.execution.loader import load_runner
+
+    folder = add_checkpoint(FIXTURES / "llama-q4_k_m.gguf", "m", tmp_path / "store")
+    runner = load_runner("decoder", folder, torch.device("cpu"), torch.bfloat16, 2, "native", None, 64)
+    kernel = group_gemm.usable()
+    assert ("in their own bits" if kernel else "widened to bfloat16") in runner.facts.weights
+    logits = runner.prefill([0], [[5, 77, 301, 12]], [[1]], [0])  # block 1 of the pool (0 is the null block)
+    assert logits.shape[-1] == runner.facts.vocab_size and torch.isfinite(logits).all()

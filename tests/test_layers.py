@@ -33,8 +33,9 @@ SERVER_LAYERS = [
 # inside a folder, lowest first: the same rule one level down
 FOLDER_LAYERS = {
     "execution": [
-        {"graph_call", "compute_thread", "step_check", "skinny_gemm"},
-        {"kernel_choice", "huge_pages", "packaged", "compile_cache"},
+        {"graph_call", "compute_thread", "step_check", "native"},
+        {"skinny_gemm"},
+        {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm"},
         {"compiler"},
         {"runner", "encoder_step"},
         {"decoder", "hf_causal"},

@@ -62,7 +62,9 @@ log = logging.getLogger("tinyserve")
 
 class Compilable(Protocol):
     device: torch.device
-    dtype: torch.dtype  # the coarsest its products round to: sets the check's tolerance
+    dtype: torch.dtype  # the coarsest its products round to: chooses the kernels
+    check_rounding: torch.dtype  # the coarsest rounding on its path (int8: a quantized layer's activations): sets the
+    # check's tolerance
     model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
@@ -369,7 +371,7 @@ class BackgroundCompiler:
         target = self.targets[bucket]
         expected = target.logits(reference(*target.real_inputs(bucket)))
         got = target.logits(compiled(*target.real_inputs(bucket)))
-        if (why := disagreement(expected, got, target.dtype)) is not None:
+        if (why := disagreement(expected, got, target.check_rounding)) is not None:
             raise StepMismatchError(why)
         return compiled
 

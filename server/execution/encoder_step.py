@@ -36,7 +36,7 @@ def eager_encoder(model: MaskedLM) -> EncodeFn:
 class EncoderStep:
     def __init__(self, model: MaskedLM, max_tokens: int) -> None:
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = self.check_rounding = next(model.parameters()).dtype
         self.pad_id = model.config.pad_token_id
         self.vocab_size = model.config.vocab_size
         self.buckets = buckets(max_tokens, smallest=16)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-RANGE_FRACTION = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+# int8: activations rounded to int8 per group of 32 (a quantized GGUF file's layers on our kernel), a step of 1/127 of
+# the group's largest value, coarser than bf16's 8 bits for all but a group's largest values
+RANGE_FRACTION = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.int8: 2**-6}
 TOP_TOKENS = 8  # eager's most likely tokens whose log-probabilities are compared
 
 

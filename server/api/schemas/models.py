@@ -80,6 +80,10 @@ class ServedState(BaseModel):
         "cached blocks (prefix caching) with their share"
     )
     context: dict[str, int] = Field(description="per model, the positions a sequence may reach as served")
+    weights: dict[str, str] = Field(
+        description="per completion model, what holds its weights and computes them (a quantized GGUF file: in "
+        "its own bits on our kernel, or widened to the dtype)"
+    )
     compile_seconds: dict[str, dict[str, float]] = Field(
         description="per model, the seconds each compiled pass took to build so far (e.g. DecodeStep_8: 22.7)"
     )

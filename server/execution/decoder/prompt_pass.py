@@ -49,7 +49,7 @@ class PromptPass:
         """Over the decode step's models (plain and prepacked) and cache, with its rounding dtype."""
         self.step = step
         self.device = step.device
-        self.dtype = step.dtype  # sets the compiled pass's tolerance
+        self.dtype, self.check_rounding = step.dtype, step.check_rounding  # its kernels, its check's tolerance
         self.cache = step.cache
         self.vocab_size = step.vocab_size
         self.model, self.regional_model = step.model, step.regional_model  # what each function below reads

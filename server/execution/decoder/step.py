@@ -25,7 +25,7 @@ import torch
 
 from model_store import GPT
 from models.kv_cache import BLOCK_TOKENS, PagedKVCache, blocks_for
-from models.quantize import WeightOnlyInt8Linear
+from models.quantize import GroupQuantLinear, WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.execution.compiler import buckets
 from server.execution.decoder.cuda_graphs import CUDAGraphs
@@ -215,7 +215,11 @@ class DecodeStep:
         self.context = model.config.context_length
         self.compiled_columns = min(self.context, COMPILED_COLUMNS)  # the longest a compiled step reads
         self.device = next(model.parameters()).device
-        self.dtype = rounding_dtype(model)  # sets the compiled step's tolerance
+        self.dtype = rounding_dtype(model)  # chooses the compiled step's kernels
+        # sets its check's tolerance: int8 where our kernel rounds a quantized layer's activations to int8 per group
+        # of 32 (server/execution/group_gemm.py)
+        quantized = any(isinstance(m, GroupQuantLinear) and m.product is not None for m in model.modules())
+        self.check_rounding = torch.int8 if quantized else self.dtype
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)

@@ -61,7 +61,7 @@ class VerifyPass:
     def __init__(self, step: DecodeStep) -> None:
         self.step = step  # its cache, context and column buckets
         self.device = step.device
-        self.dtype = step.dtype  # sets the compiled pass's tolerance
+        self.dtype, self.check_rounding = step.dtype, step.check_rounding  # its kernels, its check's tolerance
         self.model = step.model  # whose weights the export freezes
         self.traced = verify_pass(step.model)  # what the compiler traces and checks against
         self.regional_model = step.regional_model  # its blocks one compile region (regional.py)
