@@ -143,11 +143,15 @@ def test_our_kernel_computes_the_quantized_product_as_llama_cpp_rounds_activatio
     reference.float()
     assert group_gemm.use_kernel(ours) > 0
     for layer in (m for m in ours.modules() if isinstance(m, GroupQuantLinear)):
-        for rows in (1, 5, 9):
+        for rows in (1, 5, group_gemm.KERNEL_MAX_ROWS, group_gemm.KERNEL_MAX_ROWS + 3):
             x = torch.randn(rows, layer.in_features).bfloat16()
             got = layer(x).double() - (layer.bias.double() if layer.bias is not None else 0)
-            want = kernel_reference(x, layer)
-            assert ((got - want).abs() <= 2**-8 * want.abs() + 5e-4 * want.abs().max()).all()  # bf16 out, f16 scales
+            if rows <= group_gemm.KERNEL_MAX_ROWS:  # the kernel: int8 activations, then bf16 out, f16 scales
+                want = kernel_reference(x, layer)
+                assert ((got - want).abs() <= 2**-8 * want.abs() + 5e-4 * want.abs().max()).all()
+            else:  # a prompt's rows: the weight dequantized into bf16 (from float16 scales) for oneDNN
+                want = x.double() @ layer.dequantized(torch.bfloat16).double().T
+                assert ((got - want).abs() <= 2**-8 * want.abs() + 5e-4 * want.abs().max()).all()
     ids = torch.tensor([IDS])
     with torch.no_grad():
         got, want = ours(ids).logits.float(), reference(ids).logits
@@ -222,5 +226,6 @@ def test_the_runner_says_what_holds_the_weights(tmp_path):
     runner = load_runner("decoder", folder, torch.device("cpu"), torch.bfloat16, 2, "native", None, 64)
     kernel = group_gemm.usable()
     assert ("in their own bits" if kernel else "widened to bfloat16") in runner.facts.weights
-    logits = runner.prefill([0], [[5, 77, 301, 12]], [[1]], [0])  # block 1 of the pool (0 is the null block)
+    with torch.inference_mode():  # as the engine calls it
+        logits = runner.prefill([0], [[5, 77, 301, 12]], [[1]], [0])  # block 1 of the pool (0 is the null block)
     assert logits.shape[-1] == runner.facts.vocab_size and torch.isfinite(logits).all()

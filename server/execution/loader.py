@@ -57,6 +57,7 @@ def load_runner(
         log.warning("%s: served by transformers, the slow path (eager, no compiled steps)", folder.name)
         model, tokenizer = load_causal_lm(folder, device, dtype)
         model = quantize(model)
+        log.info("%s: weights %s", folder.name, held_as(model, dtype, weights))
         on_huge_pages(model)
         try:
             served = HFCausalLMRunner(model, tokenizer, max_rows, max_context, budget)
