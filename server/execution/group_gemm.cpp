@@ -11,6 +11,8 @@
 // A thread takes blocks of N_BLOCK rows of w, turns their codes into unsigned bytes once in a tile that stays in its
 // cache, and runs every row of x over the tile, M_BLOCK rows at a time.
 #include <immintrin.h>
+
+#include "bf16.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,20 +23,6 @@ namespace {
 
 constexpr int64_t N_BLOCK = 4;
 constexpr int64_t M_BLOCK = 4;
-
-inline uint16_t to_bf16(float value) {  // round to nearest even, as torch does
-  uint32_t bits;
-  memcpy(&bits, &value, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float from_bf16(uint16_t value) {
-  uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float out;
-  memcpy(&out, &bits, 4);
-  return out;
-}
 
 // x's rows quantized: per row, K int8 values, and per 64-column chunk the lanes' factors (lanes 0-7: the first
 // 32-group's dx, 8-15: the second's) and the lanes' offsets (128 x the sum of the 4 values each lane multiplies)

@@ -1,5 +1,6 @@
 """Our C++ kernels (skinny_gemm.cpp, group_gemm.cpp): each built once per machine with the C++ compiler inductor
-uses, into inductor's cache folder, kept by the digest of its source, flags and compiler, and loaded with ctypes."""
+uses, into inductor's cache folder, kept by the digest of its source (and the headers beside it: bf16.h), flags and
+compiler, and loaded with ctypes."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def build(source: Path, what: str) -> ctypes.CDLL | None:
     from torch._inductor.runtime.cache_dir_utils import cache_dir  # inductor's folder, TORCHINDUCTOR_CACHE_DIR
 
     try:
-        digest = hashlib.sha256("\0".join([source.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+        texts = [source.read_text(), *(h.read_text() for h in sorted(source.parent.glob("*.h")))]  # and its headers
+        digest = hashlib.sha256("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
         built = Path(cache_dir()) / "tinyserve" / f"{source.stem}-{digest}.so"
         if not built.exists():
             built.parent.mkdir(parents=True, exist_ok=True)

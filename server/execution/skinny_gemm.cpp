@@ -4,6 +4,8 @@
 // Each thread takes blocks of N_BLOCK rows of w; a block's rows are read once from memory (prefetched a block ahead)
 // and again from L1 for every M_BLOCK rows of x, so up to a few dozen rows cost about what one row costs.
 #include <immintrin.h>
+
+#include "bf16.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -12,20 +14,6 @@ namespace {
 constexpr int64_t N_BLOCK = 4;
 constexpr int64_t M_BLOCK = 4;
 constexpr int64_t PREFETCH_BLOCKS = 2;
-
-inline uint16_t to_bf16(float value) {  // round to nearest even, as torch does
-  uint32_t bits;
-  memcpy(&bits, &value, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float from_bf16(uint16_t value) {
-  uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float out;
-  memcpy(&out, &bits, 4);
-  return out;
-}
 
 // rows [m0, m0 + MB) of x against rows [n0, n0 + NB) of w
 template <int MB, int NB>
