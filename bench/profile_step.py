@@ -27,56 +27,68 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from models.kv_cache import blocks_for  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.engine.events import Retired  # noqa: E402
-from server.execution.runner import right_padded  # noqa: E402
 from server.serving.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
 
 
+def tables_for(runner, rows: int, positions: int) -> list[list[int]]:
+    """Each row its own blocks of the runner's pool, enough for `positions` (block 0 is the null block)."""
+    n = blocks_for(positions)
+    if 1 + rows * n > runner.facts.kv_blocks:
+        raise SystemExit(f"{rows} rows of {positions} positions need {1 + rows * n} blocks of {runner.facts.kv_blocks}")
+    return [list(range(1 + r * n, 1 + (r + 1) * n)) for r in range(rows)]
+
+
 def prefill_both(served, compute, rows: int, blocks: int = 15) -> tuple[float, float]:
-    """ms per prefill of `rows` copies of the prompt: the eager pass and the compiled one, in alternating
-    blocks of 10 calls (the machine's speed drifts over minutes), medians of the blocks."""
-    prompts = served.runner.prompts
-    if None not in prompts.compiled:
+    """ms per prefill of `rows` copies of the prompt through the runner: eagerly and with its compiled prompts' pass
+    (if built), in alternating blocks of 10 calls (the machine's speed drifts over minutes), medians of the blocks."""
+    runner = served.runner
+    prompts = runner.prompts
+    if not prompts.compiled:
         return math.nan, math.nan
     prompt = served.tokenizer.encode(PROMPT)
-    ids, positions, last = right_padded(list(range(rows)), [prompt] * rows, 0, served.runner.device)
-    cache = served.runner.step.cache.view(rows, served.runner.step.context + 1).tensors()
+    tables = tables_for(runner, rows, len(prompt))
+    built = dict(prompts.compiled)
 
     def run() -> tuple[float, float]:
         times: dict[str, list[float]] = {"eager": [], "compiled": []}
         with torch.inference_mode():
             for _ in range(blocks):
-                for name, fn in (("eager", prompts.uncompiled), ("compiled", prompts.compiled[None])):
+                for name, compiled in (("eager", {}), ("compiled", built)):
+                    prompts.compiled = compiled
                     t = time.perf_counter()
                     for _ in range(10):
-                        fn(ids, positions, last, *cache)
+                        runner.prefill(list(range(rows)), [prompt] * rows, tables, [0] * rows)
                     times[name].append((time.perf_counter() - t) / 10)
+        prompts.compiled = built
         return tuple(1000 * statistics.median(times[k]) for k in ("eager", "compiled"))
 
     return compute.call(run)
 
 
 def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
-    """ms per compiled step over `rows` slots at positions 14.., and the profiler's op table."""
+    """ms per compiled step over `rows` rows at positions 14.., and the profiler's op table."""
     runner = served.runner
     prompt = served.tokenizer.encode(PROMPT)
+    tables = tables_for(runner, rows, len(prompt) + steps + 16)
 
     def run() -> tuple[float, str]:
         with torch.inference_mode():
-            runner.prefill(list(range(rows)), [prompt] * rows)
+            runner.prefill(list(range(rows)), [prompt] * rows, tables, [0] * rows)
             tokens = [prompt[-1]] * rows
             times = []
             for i in range(steps):
                 t = time.perf_counter()
-                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows)
+                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables)
                 times.append(time.perf_counter() - t)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for i in range(16):
-                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows)
+                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables)
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
         return 1000 * statistics.median(times), table
 
@@ -116,7 +128,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,32")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--weights", default="native", choices=["native", "int8"])
+    ap.add_argument("--weights", default="native", choices=["native", "int8", "int4"])
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     registry = ModelRegistry(

@@ -97,10 +97,10 @@ def dense(g: Groups) -> np.ndarray:
 
 def join(parts: list[Groups]) -> Groups:
     """Groups stacked along their rows, in a form that holds each exactly: the smallest group (a 32-group's scale
-    and zero repeated over its two 16-groups), bytes of signed codes unless every part is 4-bit unsigned, zeros where
-    any part has them (0 for the others)."""
+    and zero repeated over its two 16-groups), unsigned codes of the widest part's bits where every part's are
+    unsigned (else signed bytes), zeros where any part has them (0 for the others)."""
     group = min(p.group for p in parts)
-    four = all(p.bits <= 4 and p.codes.dtype == np.uint8 for p in parts)
+    unsigned = all(p.codes.dtype == np.uint8 for p in parts)
 
     def per_group(values: np.ndarray, p: Groups) -> np.ndarray:
         return np.repeat(values, p.group // group, axis=1)
@@ -110,6 +110,6 @@ def join(parts: list[Groups]) -> Groups:
         zeros = np.concatenate(
             [per_group(p.zeros if p.zeros is not None else np.zeros_like(p.scales), p) for p in parts]
         )
-    codes = np.concatenate([p.codes.astype(np.uint8 if four else np.int8) for p in parts])
+    codes = np.concatenate([p.codes.astype(np.uint8 if unsigned else np.int8) for p in parts])
     scales = np.concatenate([per_group(p.scales, p) for p in parts])
-    return Groups(codes, scales, zeros, 4 if four else 8, group)
+    return Groups(codes, scales, zeros, max(p.bits for p in parts) if unsigned else 8, group)

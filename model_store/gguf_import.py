@@ -17,7 +17,7 @@ from model_store.gguf_blocks import GROUPED_TYPES, Groups, dense, join, unpack
 from model_store.gguf_files import BLOCK_TENSORS, TOP_TENSORS, GGUFError
 from model_store.store import write_checkpoint
 from models.gpt import GPT, GPTConfig
-from models.quantize import NIBBLE_CHUNK, attach_groups, pack_nibbles
+from models.quantize import NIBBLE_CHUNK, attach_groups, pack_codes
 
 # the tensor types read: the float ones, the legacy and K quants, and IQ4_NL (which llama-quantize writes into
 # Q2_K and Q3_K mixes for rows not a multiple of 256 wide); quantized types are dequantized exactly to float32
@@ -223,13 +223,14 @@ def joined(parts: list) -> torch.Tensor | Groups:
 
 
 def as_tensors(g: Groups) -> dict[str, torch.Tensor]:
-    """A Groups as GroupQuantLinear's buffers: 4-bit codes two a byte where the width allows, else a byte each."""
+    """A Groups as GroupQuantLinear's buffers: unsigned codes of up to 5 bits in 4 or 5 bits a code where the width
+    allows (pack_codes), others a byte each."""
     codes = torch.from_numpy(np.ascontiguousarray(g.codes))
-    if g.bits <= 4 and codes.dtype == torch.uint8 and not codes.shape[1] % NIBBLE_CHUNK:
-        packed = pack_nibbles(codes)
-    else:
-        packed = codes.to(torch.int8)  # unsigned codes of up to 6 bits, or signed bytes
-    out = {"codes": packed, "scales": torch.from_numpy(g.scales.astype(np.float32))}
+    bits = 8
+    if codes.dtype == torch.uint8 and g.bits <= 5 and not codes.shape[1] % NIBBLE_CHUNK:
+        bits = 4 if g.bits <= 4 else 5
+    out = {"codes": pack_codes(codes, bits), "scales": torch.from_numpy(g.scales.astype(np.float32))}
+    out["width"] = torch.tensor(bits, dtype=torch.int8)
     if g.zeros is not None:
         out["zeros"] = torch.from_numpy(g.zeros.astype(np.float32))
     return out

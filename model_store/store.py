@@ -260,7 +260,7 @@ def quantized_layers(f) -> dict[str, dict[str, torch.Tensor]]:
     for key in keys:
         if key.endswith(".codes"):
             module = key.removesuffix(".codes")
-            parts = ("codes", "scales", "zeros", "bias")
+            parts = ("codes", "scales", "zeros", "bias", "width")
             layers[module] = {p: f.get_tensor(f"{module}.{p}") for p in parts if f"{module}.{p}" in keys}
     return layers
 

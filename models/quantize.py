@@ -110,18 +110,47 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).reshape(n, half * 2)
 
 
+BYTES_PER_CODE = {4: 1 / 2, 5: 5 / 8, 8: 1}  # a row's bytes per weight, by code width
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) codes as a layer holds them: 4 bits two a byte (pack_nibbles); 5 bits the same nibbles then the fifth
+    bits, 8 to a byte (bit t of byte b: code 8b + t); 8 bits as signed bytes."""
+    if bits == 8:
+        return codes.to(torch.int8)
+    low = pack_nibbles(codes & 0x0F)
+    if bits == 4:
+        return low
+    n, k = codes.shape
+    planes = ((codes >> 4) & 1).to(torch.uint8).view(n, k // 8, 8) << torch.arange(8, dtype=torch.uint8)
+    return torch.cat([low, planes.sum(-1, dtype=torch.uint8)], dim=1)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """pack_codes' inverse: (N, K) codes (int8 for bits 8, else uint8)."""
+    if bits == 8:
+        return packed
+    n = packed.shape[0]
+    k = round(packed.shape[1] / BYTES_PER_CODE[bits])
+    codes = unpack_nibbles(packed[:, : k // 2])
+    if bits == 5:
+        planes = (packed[:, k // 2 :].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (N, K / 8, 8)
+        codes = codes | (planes.reshape(n, k) << 4)
+    return codes
+
+
 class GroupQuantLinear(nn.Module):
     """A linear layer whose weight is integer codes with a float32 scale (and zero) per group of 16 or 32 columns,
     w = code * scale + zero: GGUF's quantized types exactly (model_store/gguf_blocks.py), and float weights quantized
-    on request (`quantize_int4`). Codes of 4 bits are held two a byte (pack_nibbles; K a multiple of 64), others one
-    signed byte each.
+    on request (`quantize_int4`). Codes of up to 4 bits are held two a byte, of 5 bits as those and a bit plane
+    (pack_codes; K a multiple of 64), others one signed byte each.
 
     `product`, when the server sets it, computes x @ w.T from the codes (server/execution/group_gemm.py: our kernel,
     which reads the codes once); without it the weight is dequantized into the activations' dtype for F.linear."""
 
     def __init__(
         self,
-        codes: torch.Tensor,  # (N, K / 2) uint8 (bits 4) or (N, K) int8
+        codes: torch.Tensor,  # (N, K x BYTES_PER_CODE[bits]): pack_codes
         scales: torch.Tensor,  # (N, K / group) float32
         zeros: torch.Tensor | None,  # (N, K / group) float32, or None (0)
         bias: torch.Tensor | None,  # (N,)
@@ -129,12 +158,14 @@ class GroupQuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.bits = bits
-        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * (2 if bits == 4 else 1)
+        self.out_features, self.in_features = codes.shape[0], round(codes.shape[1] / BYTES_PER_CODE[bits])
         self.group = self.in_features // scales.shape[1]
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
         self.register_buffer("zeros", zeros)
         self.register_buffer("bias", bias)
+        # the code width, kept beside the codes in the store (4 and 5 bits are both bytes)
+        self.register_buffer("width", torch.tensor(bits, dtype=torch.int8))
         self.product: Callable | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
@@ -144,7 +175,7 @@ class GroupQuantLinear(nn.Module):
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The (N, K) weight, computed in float32 (exact for GGUF's types), in dtype."""
-        codes = unpack_nibbles(self.codes) if self.bits == 4 else self.codes
+        codes = unpack_codes(self.codes, self.bits)
         n, k = codes.shape
         w = codes.float().view(n, -1, self.group) * self.scales.unsqueeze(-1)
         if self.zeros is not None:
@@ -181,7 +212,7 @@ class GroupQuantEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, C)
         t = self.table
         rows = t.codes[idx.flatten()]
-        codes = unpack_nibbles(rows) if t.bits == 4 else rows
+        codes = unpack_codes(rows, t.bits)
         w = codes.float().view(rows.shape[0], -1, t.group) * t.scales[idx.flatten()].float().unsqueeze(-1)
         if t.zeros is not None:
             w = w + t.zeros[idx.flatten()].float().unsqueeze(-1)
@@ -192,7 +223,7 @@ def attach_groups(model: nn.Module, layers: dict[str, dict[str, torch.Tensor]], 
     """The model's linear layers (and token embedding) named in `layers` become GroupQuantLinear over the given
     codes, scales, zeros (and bias); a head tied to a quantized embedding is a GroupQuantLinear over its buffers."""
     for name, t in layers.items():
-        bits = 4 if t["codes"].dtype == torch.uint8 else 8
+        bits = int(t["width"]) if "width" in t else 4 if t["codes"].dtype == torch.uint8 else 8
         layer = GroupQuantLinear(t["codes"], t["scales"], t.get("zeros"), t.get("bias"), bits)
         module_name = name.removesuffix(".table")
         parent, _, attribute = module_name.rpartition(".")

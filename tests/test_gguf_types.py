@@ -15,7 +15,14 @@ import torch
 from model_store.gguf_blocks import dense, unpack
 from model_store.ingest import add_checkpoint
 from model_store.store import CheckpointError, load_gpt
-from models.quantize import GroupQuantEmbedding, GroupQuantLinear, quantize_int4, widen_groups
+from models.quantize import (
+    GroupQuantEmbedding,
+    GroupQuantLinear,
+    pack_codes,
+    quantize_int4,
+    unpack_codes,
+    widen_groups,
+)
 from server.execution import group_gemm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
@@ -132,7 +139,9 @@ def kernel_reference(x: torch.Tensor, layer: GroupQuantLinear) -> torch.Tensor:
 
 
 @pytest.mark.skipif(not group_gemm.usable(), reason="needs AVX-512 VNNI and BF16 (the kernel's CPU)")
-@pytest.mark.parametrize("name", ["llama-q4_k_m", "llama-q8_0", "llama-q2_k", "llama-iq4_nl", "gemma3-q4_k_m"])
+@pytest.mark.parametrize(
+    "name", ["llama-q4_k_m", "llama-q5_k_m", "llama-q5_0", "llama-q8_0", "llama-q2_k", "llama-iq4_nl", "gemma3-q4_k_m"]
+)
 def test_our_kernel_computes_the_quantized_product_as_llama_cpp_rounds_activations(tmp_path, name):
     """The kernel rounds x to int8 per group of 32 (as llama.cpp does): each product as that rounding gives it, to
     bf16's precision; the model's top tokens mostly those of its float32 dequantized weights (a random tiny model
@@ -169,6 +178,16 @@ def test_without_the_kernel_quantized_layers_are_widened_to_the_dtype(tmp_path, 
     assert not any(isinstance(m, (GroupQuantLinear, GroupQuantEmbedding)) for m in model.modules())
     for name, w in codes.items():
         assert torch.equal(model.get_submodule(name.removesuffix(".table")).weight, w.bfloat16())
+
+
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_codes_are_packed_in_their_width_and_back(bits):
+    low = -128 if bits == 8 else 0
+    codes = torch.randint(low, low + 2**bits, (3, 128), generator=torch.Generator().manual_seed(bits))
+    codes = codes.to(torch.int8 if bits == 8 else torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.shape == (3, 128 * bits // 8)
+    assert torch.equal(unpack_codes(packed, bits), codes)
 
 
 def test_int4_quantizes_a_float_model_to_groups_of_32_within_a_fifteenth_of_each_groups_range(tmp_path):

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models import cpu
-from models.quantize import GroupQuantLinear
+from models.quantize import BYTES_PER_CODE, GroupQuantLinear
 from server.execution import native, skinny_gemm
 
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -60,7 +60,7 @@ def group_linear(
 ) -> torch.Tensor:
     """x (..., K) @ w.T + bias for w = code * scale + zero in groups (GroupQuantLinear's fields)."""
     n, groups = scales.shape
-    k = codes.shape[1] * (2 if bits == 4 else 1)
+    k = round(codes.shape[1] / BYTES_PER_CODE[bits])
     if not serves(x, k, scales):
         layer = GroupQuantLinear(codes, scales, zeros, bias, bits)
         return F.linear(x, layer.dequantized(x.dtype), bias)

@@ -77,7 +77,7 @@ def held_as(model: torch.nn.Module, dtype: torch.dtype, weights: str) -> str:
     layers = [m for m in model.modules() if isinstance(m, GroupQuantLinear)]
     if not layers:
         return f"{weights} ({str(dtype).removeprefix('torch.')})" if weights != "native" else "native"
-    kinds = sorted({f"{m.bits if m.bits == 4 else 8}-bit codes in groups of {m.group}" for m in layers})
+    kinds = sorted({f"{m.bits}-bit codes in groups of {m.group}" for m in layers})
     if dtype == torch.bfloat16 and group_gemm.use_kernel(model):
         return f"{len(layers)} quantized layers in their own bits ({', '.join(kinds)}): our AVX-512 VNNI kernel"
     widen_groups(model, dtype)
