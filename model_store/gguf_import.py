@@ -1,7 +1,8 @@
 """A GGUF file into the store: the file's architecture (one of model_store/gguf_files.py's table) read
-back into our decoder's config and weight names, tensors dequantized with gguf's own kernels (every type
-llama.cpp's quantizer writes for these families: READ_TYPES), and the tokenizer rebuilt from the file by
-transformers' GGUF builder (byte-level BPE or SentencePiece). A file that cannot be read whole is refused in
+back into our decoder's config and weight names, quantized matrices kept as their blocks' codes, scales and zeros
+(model_store/gguf_blocks.py: every type llama.cpp's quantizer writes for these families, READ_TYPES), other tensors
+read with gguf's own kernels, and the tokenizer rebuilt from the file by transformers' GGUF builder (byte-level BPE
+or SentencePiece). A file that cannot be read whole is refused in
 one line naming it, and nothing reaches the store."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from models.gpt import GPT, GPTConfig
 from models.quantize import NIBBLE_CHUNK, attach_groups, pack_codes
 
 # the tensor types read: the float ones, the legacy and K quants, and IQ4_NL (which llama-quantize writes into
-# Q2_K and Q3_K mixes for rows not a multiple of 256 wide); quantized types are dequantized exactly to float32
+# Q2_K and Q3_K mixes for rows not a multiple of 256 wide); a quantized type's matrices are kept exactly
 FLOAT_TYPES = ("F32", "F16", "BF16")
 READ_TYPES = (*FLOAT_TYPES, "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")
 # tokens that end an assistant's turn in the chat templates of the families read (as llama.cpp's end-of-generation
@@ -29,8 +30,9 @@ END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoft
 
 
 def import_gguf(file: Path, out: Path) -> Path:
-    """A GGUF file of a family llama.cpp and our decoder both compute, as a store folder of ours (float32
-    weights for f32 and q8_0 files, else the file's 16-bit type); the tokenizer is rebuilt from the file."""
+    """A GGUF file of a family llama.cpp and our decoder both compute, as a store folder of ours (quantized matrices
+    as their codes, float tensors in float32, or in the file's 16-bit type where it has only those); the tokenizer is
+    rebuilt from the file."""
     reader = read_file(file)
     fields = {name: field.contents() for name, field in reader.fields.items() if name != "tokenizer.ggml.tokens"}
     arch_name = fields.get("general.architecture")

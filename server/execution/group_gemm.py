@@ -1,12 +1,14 @@
 """Products of group-quantized weights (GGUF's blocks as codes, scales and zeros: models/quantize.py,
 GroupQuantLinear) that read the codes, not a float copy (group_gemm.cpp).
 
-A decode step of a small model reads every weight once a token: 4-bit codes are a quarter of bf16's bytes. Our kernel
-turns a few rows of codes at a time into bf16 integers in the cache and runs every row of x over them, so each byte
-of codes leaves memory once whatever the rows (bench/bench_group_quant.py measures it against bf16's product and
-aten's int4 kernel, which is slower from 8 rows on). It takes bf16 activations and needs AVX-512 BF16; elsewhere,
-and for float32 activations, the weight is dequantized for F.linear (exact in float32). The op is opaque to inductor,
-so a compiled graph calls it as it is and folds no float copy of the weights into a constant.
+A decode step of a small model reads every weight once a token: 4-bit codes are a quarter of bf16's bytes. Up to
+KERNEL_MAX_ROWS rows, our kernel turns a few rows of codes at a time into bytes in the cache and runs every row of x
+over them with integer dot products (x rounded to int8 per group of 32, as llama.cpp rounds its activations), so each
+byte of codes leaves memory once whatever the rows; more rows dequantize the weight into bf16 once for oneDNN's GEMM
+(bench/bench_group_quant.py measures both against bf16's product and aten's int4 kernel). The kernel takes bf16
+activations and needs AVX-512 VNNI and BF16; elsewhere, and for float32 activations, the loader widens the layers to
+the dtype instead (server/execution/loader.py). The op is opaque to inductor, so a compiled graph calls it as it is
+and folds no float copy of the weights into a constant.
 """
 
 from __future__ import annotations
