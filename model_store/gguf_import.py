@@ -225,12 +225,12 @@ def joined(parts: list) -> torch.Tensor | Groups:
 
 
 def as_tensors(g: Groups) -> dict[str, torch.Tensor]:
-    """A Groups as GroupQuantLinear's buffers: unsigned codes of up to 5 bits in 4 or 5 bits a code where the width
+    """A Groups as GroupQuantLinear's buffers: unsigned codes of up to 6 bits in 4, 5 or 6 bits a code where the width
     allows (pack_codes), others a byte each."""
     codes = torch.from_numpy(np.ascontiguousarray(g.codes))
     bits = 8
-    if codes.dtype == torch.uint8 and g.bits <= 5 and not codes.shape[1] % NIBBLE_CHUNK:
-        bits = 4 if g.bits <= 4 else 5
+    if codes.dtype == torch.uint8 and g.bits <= 6 and not codes.shape[1] % NIBBLE_CHUNK:
+        bits = max(g.bits, 4)
     out = {"codes": pack_codes(codes, bits), "scales": torch.from_numpy(g.scales.astype(np.float32))}
     out["width"] = torch.tensor(bits, dtype=torch.int8)
     if g.zeros is not None:

@@ -110,20 +110,20 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).reshape(n, half * 2)
 
 
-BYTES_PER_CODE = {4: 1 / 2, 5: 5 / 8, 8: 1}  # a row's bytes per weight, by code width
+BYTES_PER_CODE = {4: 1 / 2, 5: 5 / 8, 6: 3 / 4, 8: 1}  # a row's bytes per weight, by code width
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """(N, K) codes as a layer holds them: 4 bits two a byte (pack_nibbles); 5 bits the same nibbles then the fifth
-    bits, 8 to a byte (bit t of byte b: code 8b + t); 8 bits as signed bytes."""
+    """(N, K) codes as a layer holds them: 4 bits two a byte (pack_nibbles); 5 and 6 bits the same nibbles, then a
+    plane a bit above them, 8 codes a byte (bit t of byte b: code 8b + t); 8 bits as signed bytes."""
     if bits == 8:
         return codes.to(torch.int8)
-    low = pack_nibbles(codes & 0x0F)
-    if bits == 4:
-        return low
     n, k = codes.shape
-    planes = ((codes >> 4) & 1).to(torch.uint8).view(n, k // 8, 8) << torch.arange(8, dtype=torch.uint8)
-    return torch.cat([low, planes.sum(-1, dtype=torch.uint8)], dim=1)
+    parts = [pack_nibbles(codes & 0x0F)]
+    for bit in range(4, bits):
+        plane = ((codes >> bit) & 1).to(torch.uint8).view(n, k // 8, 8) << torch.arange(8, dtype=torch.uint8)
+        parts.append(plane.sum(-1, dtype=torch.uint8))
+    return torch.cat(parts, dim=1)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -133,17 +133,18 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     n = packed.shape[0]
     k = round(packed.shape[1] / BYTES_PER_CODE[bits])
     codes = unpack_nibbles(packed[:, : k // 2])
-    if bits == 5:
-        planes = (packed[:, k // 2 :].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (N, K / 8, 8)
-        codes = codes | (planes.reshape(n, k) << 4)
+    for bit in range(4, bits):
+        start = k // 2 + (bit - 4) * k // 8
+        plane = (packed[:, start : start + k // 8].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
+        codes = codes | (plane.reshape(n, k) << bit)
     return codes
 
 
 class GroupQuantLinear(nn.Module):
     """A linear layer whose weight is integer codes with a float32 scale (and zero) per group of 16 or 32 columns,
     w = code * scale + zero: GGUF's quantized types exactly (model_store/gguf_blocks.py), and float weights quantized
-    on request (`quantize_int4`). Codes of up to 4 bits are held two a byte, of 5 bits as those and a bit plane
-    (pack_codes; K a multiple of 64), others one signed byte each.
+    on request (`quantize_int4`). Codes of up to 4 bits are held two a byte, of 5 and 6 bits as those and a plane a
+    bit above (pack_codes; K a multiple of 64), others one signed byte each.
 
     `product`, when the server sets it, computes x @ w.T from the codes (server/execution/group_gemm.py: our kernel,
     which reads the codes once); without it the weight is dequantized into the activations' dtype for F.linear."""

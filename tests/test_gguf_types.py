@@ -140,7 +140,17 @@ def kernel_reference(x: torch.Tensor, layer: GroupQuantLinear) -> torch.Tensor:
 
 @pytest.mark.skipif(not group_gemm.usable(), reason="needs AVX-512 VNNI and BF16 (the kernel's CPU)")
 @pytest.mark.parametrize(
-    "name", ["llama-q4_k_m", "llama-q5_k_m", "llama-q5_0", "llama-q8_0", "llama-q2_k", "llama-iq4_nl", "gemma3-q4_k_m"]
+    "name",
+    [
+        "llama-q4_k_m",
+        "llama-q5_k_m",
+        "llama-q5_0",
+        "llama-q6_k",
+        "llama-q8_0",
+        "llama-q2_k",
+        "llama-iq4_nl",
+        "gemma3-q4_k_m",
+    ],
 )
 def test_our_kernel_computes_the_quantized_product_as_llama_cpp_rounds_activations(tmp_path, name):
     """The kernel rounds x to int8 per group of 32 (as llama.cpp does): each product as that rounding gives it, to
@@ -180,7 +190,7 @@ def test_without_the_kernel_quantized_layers_are_widened_to_the_dtype(tmp_path, 
         assert torch.equal(model.get_submodule(name.removesuffix(".table")).weight, w.bfloat16())
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_codes_are_packed_in_their_width_and_back(bits):
     low = -128 if bits == 8 else 0
     codes = torch.randint(low, low + 2**bits, (3, 128), generator=torch.Generator().manual_seed(bits))

@@ -5,8 +5,8 @@
 // (x ~ dx * qx, dx = max |x| / 127), and a group's dot product is one of integers, code . qx, with AVX-512 VNNI's
 // unsigned x signed byte products (vpdpbusd: 64 products an instruction), scaled by scale * dx; a group's zero
 // multiplies the exact float sum of x over the group. Codes: 4 bits, two a byte (a 64-column chunk's byte j holds
-// code j in its low half, code 32 + j in its high half), 5 bits (those nibbles and a plane of fifth bits), or one
-// signed byte each (offset by 128 to unsigned for
+// code j in its low half, code 32 + j in its high half), 5 or 6 bits (those nibbles and a plane a bit above), or
+// one signed byte each (offset by 128 to unsigned for
 // vpdpbusd, the offset taken back through the row's own products with 128). K is a multiple of 64.
 //
 // A thread takes blocks of N_BLOCK rows of w, turns their codes into unsigned bytes once in a tile that stays in its
@@ -64,20 +64,21 @@ void quantize(const uint16_t* x, int64_t M, int64_t K, int group, bool offsets, 
 }
 
 // row n's codes as K unsigned bytes in k order (byte codes offset by 128). A row of 4-bit codes is K / 2 bytes of
-// nibbles; of 5-bit codes, those and then the fifth bits, K / 8 bytes (bit t of byte b: code 8b + t)
+// nibbles; of 5- and 6-bit codes, those and then a plane for each bit above them, K / 8 bytes each (bit t of byte b:
+// code 8b + t)
 inline void codes_to_bytes(const uint8_t* codes, int bits, int64_t n, int64_t K, uint8_t* tile) {
   const __m256i low_half = _mm256_set1_epi8(0x0F);
   const uint8_t* row = codes + n * K * bits / 8;
   for (int64_t k = 0; k < K; k += 64) {
-    if (bits == 4 || bits == 5) {
+    if (bits < 8) {
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2));
       const __m256i lo = _mm256_and_si256(b, low_half);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
       __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      if (bits == 5) {
-        uint64_t fifth;
-        memcpy(&fifth, row + K / 2 + k / 8, 8);
-        c = _mm512_or_si512(c, _mm512_and_si512(_mm512_movm_epi8(fifth), _mm512_set1_epi8(0x10)));
+      for (int bit = 4; bit < bits; ++bit) {
+        uint64_t plane;
+        memcpy(&plane, row + K / 2 + (bit - 4) * K / 8 + k / 8, 8);
+        c = _mm512_or_si512(c, _mm512_and_si512(_mm512_movm_epi8(plane), _mm512_set1_epi8(static_cast<char>(1 << bit))));
       }
       _mm512_storeu_si512(tile + k, c);
     } else {
