@@ -14,9 +14,8 @@ model holds no serving state and makes no serving choice.
 The same decoder serves the small-LM families people use (model_store/families.py maps their
 checkpoints in): RMSNorm or LayerNorm, GELU (erf or tanh) or SwiGLU MLP, grouped-query attention
 (n_kv_head < n_head), RoPE on all or part of each head with interleaved or rotate-half pairs, its theta
-and static scaling, QK-norm, biases per projection, parallel or sequential residual, learned positions, and
-Gemma 3's GeGLU, norms after attention and the MLP, attention scale, and sliding-window layers (their own
-RoPE base) between full ones.
+and static scaling, QK-norm, biases per projection, parallel or sequential residual, learned positions, and Gemma
+3's GeGLU, norms after attention and the MLP, attention scale, sliding-window layers (their own RoPE base).
 
 The attention variants of the experiments (docs/experiments/) are options of this one file: score
 function (dot product or additive), shared Q/K or Q/K/V projections, masking (-inf before the
@@ -205,9 +204,8 @@ def norm_layer(config: GPTConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); or, with parallel_residual,
-    x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX); with post_norms, each branch's output normed before its add
-    (Gemma 3: x + post_ln_1(attn(ln_1(x))), then x + post_ln_2(mlp(ln_2(x))))."""
+    """Pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); parallel_residual: x + attn(ln_1(x)) + mlp(ln_2(x))
+    (GPT-NeoX); post_norms: each branch normed before its add, x + post_ln_1(attn(ln_1(x))) (Gemma 3)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -238,8 +236,8 @@ class GPTOutput:
 
 
 def sliding_mask(mask: torch.Tensor | None, positions: torch.Tensor, window: int) -> torch.Tensor | None:
-    """`mask` (B, 1, T, S) narrowed to keys less than `window` positions before each query (column = position);
-    None (causal over the T tokens given) stays None while no query can see past the window."""
+    """`mask` (B, 1, T, S) narrowed to keys less than `window` positions before each query (column = position); None
+    (causal over the T tokens given) stays None while no query can see past the window."""
     T = positions.shape[1]
     if mask is None:
         if T <= window:
@@ -337,20 +335,17 @@ class GPT(nn.Module):
         # precision then rounds each block's output once, not the running sum of 30 blocks, which moved a real
         # bf16 model's logits by up to 0.35 from float32's and parted its greedy tokens where float32's were clear
         x = x.float()
-        c = self.config
-        kinds = list(dict.fromkeys(c.layer_types or ["full"]))  # in order: a traced graph is the same in every process
+        c, kinds = self.config, list(dict.fromkeys(self.config.layer_types or ["full"]))  # in order: one traced graph
         masks = {kind: mask if kind == "full" else sliding_mask(mask, position_ids, c.sliding_window) for kind in kinds}
         rotations = dict.fromkeys(kinds)
         for kind in kinds if c.positions == "rope" else ():  # sliding layers: their own base, unscaled
-            theta, scaling = (
-                (c.rope_local_theta or c.rope_theta, None) if kind == "sliding" else (c.rope_theta, c.rope_scaling)
-            )
-            inv_freq = inverse_frequencies(c.rotated_channels, theta, scaling, idx.device)
+            base = (c.rope_local_theta or c.rope_theta, None) if kind == "sliding" else (c.rope_theta, c.rope_scaling)
+            inv_freq = inverse_frequencies(c.rotated_channels, *base, idx.device)
             rotations[kind] = rope_rotation(position_ids, c.rotated_channels, self.ln_f.weight.dtype, inv_freq)
         attentions = [] if return_attention else None
         for layer, block in enumerate(self.blocks[first:], start=first):
             cache = kv_cache.layer(layer) if kv_cache is not None else None
-            kind = self.config.layer_type(layer)
+            kind = c.layer_type(layer)
             x, weights = block(x, masks[kind], position_ids, rotations[kind], cache, return_attention, fused_attention)
             if attentions is not None:
                 attentions.append(weights)

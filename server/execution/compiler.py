@@ -63,8 +63,7 @@ log = logging.getLogger("tinyserve")
 class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # the coarsest its products round to: chooses the kernels
-    check_rounding: torch.dtype  # the coarsest rounding on its path (int8: a quantized layer's activations): sets the
-    # check's tolerance
+    check_rounding: torch.dtype  # the coarsest rounding on its path (int8: quantized layers'): the check's tolerance
     model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
@@ -366,8 +365,7 @@ class BackgroundCompiler:
         return self.compile(bucket, {}, regional=True)
 
     def matching(self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor]) -> Callable:
-        """compiled, where on a real request's inputs it gives the reference's next-token distribution, run
-        eagerly (the same kernels) in the same dtype (`disagreement`)."""
+        """compiled, where on a real request's inputs it gives the reference's (run eagerly) next-token distribution."""
         target = self.targets[bucket]
         expected = target.logits(reference(*target.real_inputs(bucket)))
         got = target.logits(compiled(*target.real_inputs(bucket)))

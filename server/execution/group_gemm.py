@@ -103,6 +103,11 @@ def product(x, codes, bits, scales, zeros, bias) -> torch.Tensor:
     return group_linear(x, codes, bits, scales, zeros, bias)
 
 
+def in_use(model: nn.Module) -> bool:
+    """Whether some layer of the model computes through our kernel (`use_kernel` set it)."""
+    return any(isinstance(m, GroupQuantLinear) and m.product is not None for m in model.modules())
+
+
 def use_kernel(model: nn.Module) -> int:
     """Where the kernel runs, every GroupQuantLinear of the model computes through `product`, its scales and zeros in
     float16 (the kernel's: 11 bits of mantissa, against float32's 24, for a quarter fewer bytes a 4-bit weight; a

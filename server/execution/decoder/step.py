@@ -1,19 +1,18 @@
 """One decode step of the GPT over its paged KV cache: eager, or compiled per batch-size bucket.
 
 The model's keys and values live in one `PagedKVCache` pool (models/kv_cache.py) whose blocks the engine hands out
-(server/engine/kv_blocks.py); a step takes each row's block table. A step over n rows whose longest has p tokens
-runs on b rows (b in 1, 2, 4, ... max rows, padding rows included, their tables the null block) and reads the first
-N blocks of each table, N * 16 = p rounded up to a multiple of 16 (at least two blocks: a dimension of size 1 would
-be specialised). One compiled graph serves each b for every N: the table's width is compiled dynamic (and the
-pool's size, so that the compiler traces and checks on small scratch pools), so a model builds 6 graphs instead of
-one per (b, N) shape. Inputs are preallocated tensors written in place, which is what a compiled graph needs, and
-on CUDA the graph captured per (b, N) shape (server/execution/decoder/cuda_graphs.py). Until a b's compiled step is
-ready (server/execution/compiler.py builds them off the request path), the step runs on a larger built bucket
-(`padding_limit`) or eagerly (on the CPU in bf16 with prepacked linear layers: server/execution/decoder/prepacked.py).
-The step takes the pools as arguments rather than reading the model's cache attribute: a compiler freezing the
-weights must see the cache as inputs it mutates, not as constants; every layer's pools have the one size and the
-table is shared, so a regional build traces one block and reuses it for all.
-"""
+(server/engine/kv_blocks.py); a step takes each row's block table. A step over n rows whose longest has p tokens runs on
+b rows (b in 1, 2, 4, ... max rows, padding rows included, their tables the null block) and reads the first N blocks of
+each table, N * 16 = p rounded up (at least two blocks: a dimension of size 1 would be specialised). One compiled graph
+serves each b for every N: the table's width is compiled dynamic (and the pool's size, so that the compiler traces and
+checks on small scratch pools), so a model builds 6 graphs instead of one per (b, N) shape. Inputs are preallocated
+tensors written in place, which is what a compiled graph needs, and on CUDA the graph captured per (b, N) shape
+(server/execution/decoder/cuda_graphs.py). Until a b's compiled step is ready (server/execution/compiler.py builds them
+off the request path), the step runs on a larger built bucket (`padding_limit`) or eagerly (on the CPU in bf16 with
+prepacked linear layers: server/execution/decoder/prepacked.py). The step takes the pools as arguments rather than
+reading the model's cache attribute: a compiler freezing the weights must see the cache as inputs it mutates, not as
+constants; every layer's pools have the one size and the table is shared, so a regional build traces one block and
+reuses it for all. """
 
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ import torch
 
 from model_store import GPT
 from models.kv_cache import BLOCK_TOKENS, PagedKVCache, blocks_for
-from models.quantize import GroupQuantLinear, WeightOnlyInt8Linear
+from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
+from server.execution import group_gemm
 from server.execution.compiler import buckets
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
@@ -179,8 +179,7 @@ def pinned_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def rounding_dtype(model: GPT) -> torch.dtype:
-    """The coarsest dtype the step's products round to: the weights', or bf16 where int8 layers give
-    their kernel bf16 activations (models/quantize.py)."""
+    """The coarsest dtype the step's products round to (bf16 where int8 layers give their kernel bf16 activations)."""
     dtypes = {next(model.parameters()).dtype}
     dtypes |= {m.kernel_dtype for m in model.modules() if isinstance(m, WeightOnlyInt8Linear)}
     return max(dtypes, key=lambda d: torch.finfo(d).eps)
@@ -216,10 +215,7 @@ class DecodeStep:
         self.compiled_columns = min(self.context, COMPILED_COLUMNS)  # the longest a compiled step reads
         self.device = next(model.parameters()).device
         self.dtype = rounding_dtype(model)  # chooses the compiled step's kernels
-        # sets its check's tolerance: int8 where our kernel rounds a quantized layer's activations to int8 per group
-        # of 32 (server/execution/group_gemm.py)
-        quantized = any(isinstance(m, GroupQuantLinear) and m.product is not None for m in model.modules())
-        self.check_rounding = torch.int8 if quantized else self.dtype
+        self.check_rounding = torch.int8 if group_gemm.in_use(model) else self.dtype  # the check's: int8 activations
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
