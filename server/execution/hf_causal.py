@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from models.sampling import greedy_choice
 from server.config import default
-from server.execution.runner import ModelFacts, StepOutput, TextCodec, context_within, right_padded
+from server.execution.runner import DecodeRows, ModelFacts, StepOutput, TextCodec, context_within, right_padded
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
@@ -166,19 +166,13 @@ class HFCausalLMRunner:
         )
         return out.logits[torch.arange(len(prompts), device=self.device), last].float().cpu()
 
-    def decode(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        eos_bias: list[float],
-        allowed: list[np.ndarray | None],
-        tables: object = None,
-    ) -> StepOutput:
-        n, columns = len(tokens), max(positions) + 1  # position i: where row i's token goes
-        at = torch.tensor(positions, device=self.device).view(n, 1)
+    def decode(self, rows: DecodeRows) -> StepOutput:
+        """The rows' tables are not read: each row has its slot."""
+        n, columns = len(rows.tokens), max(rows.positions) + 1  # position i: where row i's token goes
+        at = torch.tensor(rows.positions, device=self.device).view(n, 1)
         visible = torch.arange(columns, device=self.device) <= at  # (n, columns): a row's own columns
         out = self.model(
-            input_ids=torch.tensor(tokens, device=self.device).view(n, 1),
+            input_ids=torch.tensor(rows.tokens, device=self.device).view(n, 1),
             attention_mask=visible.long(),
             position_ids=at,
             past_key_values=self.cache.at(0, at, columns),
@@ -186,10 +180,11 @@ class HFCausalLMRunner:
         )
         logits = out.logits[:, -1]
         mask = None
-        if any(m is not None for m in allowed):
+        if any(m is not None for m in rows.allowed):
             V = logits.shape[-1]
-            mask = torch.from_numpy(np.stack([np.ones(V, bool) if m is None else m for m in allowed])).to(self.device)
-        bias = torch.tensor(eos_bias, device=logits.device)
+            allowed = [np.ones(V, bool) if m is None else m for m in rows.allowed]
+            mask = torch.from_numpy(np.stack(allowed)).to(self.device)
+        bias = torch.tensor(rows.eos_bias, device=logits.device)
         greedy, logprobs = greedy_choice(logits, bias, self.facts.eos_id, mask)
         return StepOutput(greedy.tolist(), logprobs.tolist(), logits)
 

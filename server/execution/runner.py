@@ -97,6 +97,19 @@ def right_padded(
 
 
 @dataclass
+class DecodeRows:
+    """A decode step's inputs, element i for row i: the token, the position it goes to, the bias added to its
+    end-of-text logit, the tokens its greedy choice may take ((V,) bool, a constraint's mask; None: any) and its
+    block table."""
+
+    tokens: list[int]
+    positions: list[int]
+    eos_bias: list[float]
+    allowed: list[np.ndarray | None]
+    tables: list[list[int]]
+
+
+@dataclass
 class StepOutput:
     """A decode step's result for n rows: each row's greedy next token (its EOS bias applied) and that
     token's logprob under the model, and the raw logits (n, vocab) in the runner's device and dtype,
@@ -128,17 +141,8 @@ class CausalLMRunner(Protocol):
         (n, vocab), float32 on the CPU."""
         ...
 
-    def decode(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        eos_bias: list[float],
-        allowed: list[np.ndarray | None],
-        tables: list[list[int]],
-    ) -> StepOutput:
-        """One step for the sequences of rows 0..n-1 (their block tables): token i is at position i; eos_bias[i] is
-        added to row i's end-of-text logit and its greedy choice is among the tokens allowed[i] (V,) bool says
-        (a constraint's mask; None: any token)."""
+    def decode(self, rows: DecodeRows) -> StepOutput:
+        """One step for the sequences of rows 0..n-1."""
         ...
 
     def verify(

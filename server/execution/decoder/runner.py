@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -19,7 +18,7 @@ from server.execution.decoder.prepacked import adopt_prepacked
 from server.execution.decoder.prompt_pass import PromptPass
 from server.execution.decoder.step import CHECK_TEXT, DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
-from server.execution.runner import ModelFacts, StepOutput, TextCodec
+from server.execution.runner import DecodeRows, ModelFacts, StepOutput, TextCodec
 
 
 def pool_blocks(model: GPT, rows: int, budget_bytes: int | None) -> int:
@@ -113,15 +112,8 @@ class GPTRunner:
         ids, positions, last, table = prompt_group(prompts, starts, tables, self.facts.eos_id, self.device)
         return self.prompts(ids, positions, last, self.step.cache.rows(table)).float().cpu()  # (B, V)
 
-    def decode(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        eos_bias: list[float],
-        allowed: list[np.ndarray | None],
-        tables: list[list[int]],
-    ) -> StepOutput:
-        return self.step(tokens, positions, eos_bias, allowed, tables)
+    def decode(self, rows: DecodeRows) -> StepOutput:
+        return self.step(rows)
 
     def verify(
         self, tokens: list[int], position: int, eos_bias: list[float], table: list[int]

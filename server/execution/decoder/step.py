@@ -12,14 +12,13 @@ off the request path), the step runs on a larger built bucket (`padding_limit`) 
 prepacked linear layers: server/execution/decoder/prepacked.py). The step takes the pools as arguments rather than
 reading the model's cache attribute: a compiler freezing the weights must see the cache as inputs it mutates, not as
 constants; every layer's pools have the one size and the table is shared, so a regional build traces one block and
-reuses it for all. """
+reuses it for all."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from model_store import GPT
@@ -33,7 +32,7 @@ from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
-from server.execution.runner import StepOutput
+from server.execution.runner import DecodeRows, StepOutput
 
 # (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, table (b, N) block ids, *pools
 #   (blocks * 16, *, width)) -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); writes the tokens'
@@ -135,26 +134,19 @@ class StepInputs:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.tokens, self.positions, self.eos_bias, self.table, self.allowed
 
-    def write(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        eos_bias: list[float],
-        allowed: list[np.ndarray | None],
-        tables: list[list[int]],
-    ) -> None:
+    def write(self, rows: DecodeRows) -> None:
         """A step's values into rows 0..n-1; padding rows write at position 0 of the null block. Only the rows
         with a mask, and those that had one, touch `allowed`."""
-        n = len(tokens)
+        n = len(rows.tokens)
         tok, pos, bias, table, ok = self.arrays
-        tok[:n, 0] = tokens
-        pos[:n, 0] = positions
+        tok[:n, 0] = rows.tokens
+        pos[:n, 0] = rows.positions
         pos[n:] = 0
-        bias[:n] = eos_bias
-        for i, blocks in enumerate(tables):
+        bias[:n] = rows.eos_bias
+        for i, blocks in enumerate(rows.tables):
             table[i, : len(blocks)] = blocks
         table[n:] = 0  # padding rows: the null block, never another sequence's
-        masks = {i: m for i, m in enumerate(allowed) if m is not None}
+        masks = {i: m for i, m in enumerate(rows.allowed) if m is not None}
         touched = bool(masks or self.masked)
         if touched:
             for i in self.masked - masks.keys():
@@ -357,23 +349,16 @@ class DecodeStep:
     def logits(self, output: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return output[2]
 
-    def __call__(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        eos_bias: list[float],
-        allowed: list[np.ndarray | None],
-        tables: list[list[int]],
-    ) -> StepOutput:
+    def __call__(self, batch: DecodeRows) -> StepOutput:
         """One step for n rows, each through its block table (see CausalLMRunner.decode)."""
-        n = len(tokens)
-        rows, columns = self.bucket(n, max(positions) + 1)
+        n = len(batch.tokens)
+        rows, columns = self.bucket(n, max(batch.positions) + 1)
         if rows not in self.compiled:  # the smallest larger built bucket within the padding limit, if any
             rows = next(
                 (b for b in self.row_buckets if rows < b <= n * self.padding_limit and b in self.compiled), rows
             )
         inputs = self.inputs(rows, columns)
-        self._rows[rows].write(tokens, positions, eos_bias, allowed, tables)
+        self._rows[rows].write(batch)
         if (compiled := self.compiled.get(rows)) and columns <= self.compiled_columns:
             # the graph itself where it can be (compiler.py, GraphCapture), built for inputs strided as these
             if self.graphs is not None:
