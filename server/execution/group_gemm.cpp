@@ -34,31 +34,40 @@ struct Activations {
   std::vector<float> sums;     // (M, K / group): the float sum of x over each w group, for the zeros
 };
 
+// 16 bf16 values as floats
+inline __m512 load16(const uint16_t* x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+}
+
+// x's rows to int8 per group of 32: q = round(x * 127 / max |x|) (to nearest even, as lrintf; the same float product)
 void quantize(const uint16_t* x, int64_t M, int64_t K, int group, bool offsets, bool zeros, Activations& a) {
   const int64_t chunks = K / 64;
   a.q.resize(M * K);
   a.dx.resize(M * chunks * 16);
   if (offsets) a.offset.resize(M * chunks * 16);
   if (zeros) a.sums.resize(M * (K / group));
+  const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < K / 32; ++g) {
-      const uint16_t* xs = x + m * K + g * 32;
-      float top = 0;
-      for (int k = 0; k < 32; ++k) top = fmaxf(top, fabsf(from_bf16(xs[k])));
+      const __m512 lo = load16(x + m * K + g * 32), hi = load16(x + m * K + g * 32 + 16);
+      const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, lo), _mm512_andnot_ps(sign, hi)));
       const float d = top / 127.0f, inv = top > 0 ? 127.0f / top : 0.0f;
       int8_t* qs = a.q.data() + m * K + g * 32;
-      for (int k = 0; k < 32; ++k) qs[k] = static_cast<int8_t>(lrintf(from_bf16(xs[k]) * inv));
+      const __m512 scale = _mm512_set1_ps(inv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, scale))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, scale))));
       float* lanes = a.dx.data() + (m * chunks + g / 2) * 16 + (g % 2) * 8;
       for (int l = 0; l < 8; ++l) lanes[l] = d;
       if (offsets) {
         int32_t* o = a.offset.data() + (m * chunks + g / 2) * 16 + (g % 2) * 8;
         for (int l = 0; l < 8; ++l) o[l] = 128 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
       }
-    }
-    for (int64_t g = 0; zeros && g < K / group; ++g) {
-      float s = 0;
-      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += from_bf16(x[m * K + k]);
-      a.sums[m * (K / group) + g] = s;
+      if (zeros && group == 32) {
+        a.sums[m * (K / 32) + g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+      } else if (zeros) {  // groups of 16
+        a.sums[m * (K / 16) + 2 * g] = _mm512_reduce_add_ps(lo);
+        a.sums[m * (K / 16) + 2 * g + 1] = _mm512_reduce_add_ps(hi);
+      }
     }
   }
 }
@@ -164,12 +173,14 @@ extern "C" void group_gemm_bf16(const uint16_t* x, const uint8_t* codes, int bit
                                 const uint16_t* zeros, int group, const uint16_t* bias, uint16_t* out, int64_t M,
                                 int64_t N, int64_t K, int threads) {
   const bool offsets = bits == 8;
-  Activations a;
+  static thread_local Activations kept;  // the caller's, reused (no allocation a product)
+  Activations& a = kept;                  // the caller's for every thread of the region below
   quantize(x, M, K, group, offsets, zeros != nullptr, a);
   const int64_t blocks = (N + N_BLOCK - 1) / N_BLOCK;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<uint8_t> tile(N_BLOCK * K);
+    static thread_local std::vector<uint8_t> tile;
+    tile.resize(N_BLOCK * K);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n0 = b * N_BLOCK;
@@ -206,3 +217,51 @@ extern "C" void group_dequantize_bf16(const uint8_t* codes, int bits, const uint
     }
   }
 }
+
+// The op the server calls (group_gemm.py): tinyserve::group_gemm, a dispatcher kernel of torch's stable ABI, so that
+// a step's products cost no Python call each (torch 2.13's ctypes-and-Python op took ~8 us of a small layer's ~20)
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <array>
+
+namespace {
+
+using torch::stable::Tensor;
+
+// x (..., K) @ w.T + bias, x and bias bf16, scales float16 (N, K / group), K a multiple of 64 (group_gemm.py
+// calls it only then): up to max_rows rows our kernel; more, w in bf16 once for aten's linear (oneDNN)
+Tensor group_gemm(Tensor x, Tensor codes, int64_t bits, Tensor scales, std::optional<Tensor> zeros,
+                  std::optional<Tensor> bias, int64_t max_rows) {
+  x = torch::stable::contiguous(x);
+  const int64_t N = scales.size(0), K = x.size(x.dim() - 1), group = K / scales.size(1), M = x.numel() / K;
+  const int threads = static_cast<int>(torch::stable::get_num_threads());
+  const uint16_t* zeros_at = zeros ? static_cast<const uint16_t*>(zeros->data_ptr()) : nullptr;
+  if (M > max_rows) {
+    Tensor w = torch::stable::new_empty(x, {N, K});
+    group_dequantize_bf16(static_cast<const uint8_t*>(codes.data_ptr()), static_cast<int>(bits),
+                          static_cast<const uint16_t*>(scales.data_ptr()), zeros_at, static_cast<int>(group),
+                          static_cast<uint16_t*>(w.data_ptr()), N, K, threads);
+    std::array<StableIValue, 3> stack{torch::stable::detail::from(x), torch::stable::detail::from(w),
+                                      torch::stable::detail::from(bias)};
+    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION));
+    return torch::stable::detail::to<Tensor>(stack[0]);
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  Tensor out = torch::stable::new_empty(x, shape);
+  group_gemm_bf16(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint8_t*>(codes.data_ptr()),
+                  static_cast<int>(bits), static_cast<const uint16_t*>(scales.data_ptr()), zeros_at,
+                  static_cast<int>(group), bias ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
+                  static_cast<uint16_t*>(out.data_ptr()), M, N, K, threads);
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(tinyserve, m) {
+  m.def("group_gemm(Tensor x, Tensor codes, int bits, Tensor scales, Tensor? zeros, Tensor? bias, int max_rows) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(tinyserve, CPU, m) { m.impl("group_gemm", TORCH_BOX(&group_gemm)); }

@@ -30,26 +30,34 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 # from about 8 rows on (bench/bench_group_quant.py)
 KERNEL_MAX_ROWS = 8
 
-LIBRARY = torch.library.Library("tinyserve", "FRAGMENT")
+LIBRARY = torch.library.Library("tinyserve", "FRAGMENT")  # tinyserve::group_gemm is defined in group_gemm.cpp
 LIBRARY.define("group_linear(Tensor x, Tensor codes, int bits, Tensor scales, Tensor? zeros, Tensor? bias) -> Tensor")
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The kernel, built on first use (native.build); None where no compiler builds it."""
+    """The kernel, built on first use (native.build); loading it registers the op tinyserve::group_gemm. None where no
+    compiler builds it."""
     kernel = native.build(SOURCE, "the group-quantized kernel")
     if kernel is not None:
-        v, i64 = ctypes.c_void_p, ctypes.c_int64
-        kernel.group_gemm_bf16.argtypes = [v, v, ctypes.c_int, v, v, ctypes.c_int, v, v, i64, i64, i64, ctypes.c_int]
-        kernel.group_gemm_bf16.restype = None
-        kernel.group_dequantize_bf16.argtypes = [v, ctypes.c_int, v, v, ctypes.c_int, v, i64, i64, ctypes.c_int]
-        kernel.group_dequantize_bf16.restype = None
+        torch.library.register_fake("tinyserve::group_gemm", lib=LIBRARY)(_shape)
     return kernel
+
+
+def _shape(x, codes, bits, scales, zeros, bias, max_rows=0):
+    return x.new_empty((*x.shape[:-1], scales.shape[0]))
 
 
 def usable() -> bool:
     """Whether the kernel runs here: AVX-512 VNNI (with AVX-512 BF16, as the skinny kernel plans) and it is built."""
     return skinny_gemm.available() and cpu.cpu_features().vnni and library() is not None
+
+
+def serves(x: torch.Tensor, codes: torch.Tensor, bits: int, scales: torch.Tensor) -> bool:
+    """Whether the kernel computes this product: bf16 activations, float16 scales (`use_kernel` makes them), K a
+    multiple of 64, on a CPU that has it."""
+    k = round(codes.shape[1] / BYTES_PER_CODE[bits])
+    return x.dtype is torch.bfloat16 and scales.dtype is torch.float16 and not k % 64 and x.device.type == "cpu"
 
 
 def group_linear(
@@ -60,47 +68,21 @@ def group_linear(
     zeros: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """x (..., K) @ w.T + bias for w = code * scale + zero in groups (GroupQuantLinear's fields)."""
-    n, groups = scales.shape
-    k = round(codes.shape[1] / BYTES_PER_CODE[bits])
-    if not serves(x, k, scales):
-        layer = GroupQuantLinear(codes, scales, zeros, bias, bits)
-        return F.linear(x, layer.dequantized(x.dtype), bias)
-    x = x.contiguous()
-    bias = bias.to(torch.bfloat16).contiguous() if bias is not None else None
-    zeros_at = zeros.data_ptr() if zeros is not None else None
-    rows, threads, bias_at = x.numel() // k, torch.get_num_threads(), bias.data_ptr() if bias is not None else None
-    if rows > KERNEL_MAX_ROWS:  # a prompt: the weight in bf16 once, for oneDNN's GEMM
-        w = x.new_empty((n, k))
-        dequantize = library().group_dequantize_bf16
-        dequantize(codes.data_ptr(), bits, scales.data_ptr(), zeros_at, k // groups, w.data_ptr(), n, k, threads)
-        return F.linear(x, w, bias)
-    out = x.new_empty((*x.shape[:-1], n))
-    product = library().group_gemm_bf16
-    product(x.data_ptr(), codes.data_ptr(), bits, scales.data_ptr(), zeros_at, k // groups, bias_at, out.data_ptr(),
-            rows, n, k, threads)  # fmt: skip
-    return out
-
-
-def serves(x: torch.Tensor, k: int, scales: torch.Tensor) -> bool:
-    """Whether the kernel computes this product: bf16 activations, float16 scales (`use_kernel` makes them), K a
-    multiple of 64, on a CPU that has it."""
-    return x.dtype is torch.bfloat16 and scales.dtype is torch.float16 and not k % 64 and x.device.type == "cpu"
+    """x (..., K) @ w.T + bias for w = code * scale + zero in groups (GroupQuantLinear's fields), where the kernel
+    does not serve: the weight widened to x's dtype."""
+    return F.linear(x, GroupQuantLinear(codes, scales, zeros, bias, bits).dequantized(x.dtype), bias)
 
 
 LIBRARY.impl("group_linear", group_linear, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("tinyserve::group_linear", lib=LIBRARY)
-def _(x, codes, bits, scales, zeros, bias):
-    return x.new_empty((*x.shape[:-1], scales.shape[0]))
+torch.library.register_fake("tinyserve::group_linear", lib=LIBRARY)(_shape)
 
 
 def product(x, codes, bits, scales, zeros, bias) -> torch.Tensor:
-    """GroupQuantLinear's product: the op when traced (opaque to the compiler), the function itself in eager."""
-    if torch.compiler.is_dynamo_compiling():
-        return torch.ops.tinyserve.group_linear.default(x, codes, bits, scales, zeros, bias)
-    return group_linear(x, codes, bits, scales, zeros, bias)
+    """GroupQuantLinear's product: our kernel's op where it serves (a C++ kernel of the dispatcher: no Python a call,
+    and opaque to the compiler, which folds no float copy of the weights), else the widened weight's."""
+    if serves(x, codes, bits, scales):
+        return torch.ops.tinyserve.group_gemm.default(x, codes, bits, scales, zeros, bias, KERNEL_MAX_ROWS)
+    return torch.ops.tinyserve.group_linear.default(x, codes, bits, scales, zeros, bias)
 
 
 def in_use(model: nn.Module) -> bool:
@@ -118,5 +100,6 @@ def use_kernel(model: nn.Module) -> int:
     for layer in layers:
         layer.scales = layer.scales.to(torch.float16)
         layer.zeros = layer.zeros.to(torch.float16) if layer.zeros is not None else None
+        layer.bias = layer.bias.to(torch.bfloat16) if layer.bias is not None else None  # as the kernel adds it
         layer.product = product
     return len(layers)

@@ -1,6 +1,7 @@
 """Our C++ kernels (skinny_gemm.cpp, group_gemm.cpp): each built once per machine with the C++ compiler inductor
-uses, into inductor's cache folder, kept by the digest of its source (and the headers beside it: bf16.h), flags and
-compiler, and loaded with ctypes."""
+uses, into inductor's cache folder, kept by the digest of its source (and the headers beside it: bf16.h), flags,
+compiler and torch, and loaded with ctypes. They may register ops with torch's dispatcher through its stable ABI
+(torch/csrc/stable: light headers, a build of ~2 s), so they are built against torch's headers and libraries."""
 
 from __future__ import annotations
 
@@ -12,9 +13,22 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger("tinyserve")
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+
+
+def torch_flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags for torch's headers and libraries (the stable ABI's symbols are in libtorch_cpu;
+    libraries go after the source, or an --as-needed linker drops them)."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    libs = library_paths()
+    return [f"-I{p}" for p in include_paths()], [
+        *(f"-L{p}" for p in libs), "-ltorch_cpu", "-lc10", *(f"-Wl,-rpath,{p}" for p in libs)
+    ]  # fmt: skip
 
 
 def build(source: Path, what: str) -> ctypes.CDLL | None:
@@ -29,12 +43,16 @@ def build(source: Path, what: str) -> ctypes.CDLL | None:
 
     try:
         texts = [source.read_text(), *(h.read_text() for h in sorted(source.parent.glob("*.h")))]  # and its headers
-        digest = hashlib.sha256("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
+        includes, links = torch_flags()
+        flags = [*FLAGS, *includes]
+        facts = [*texts, *flags, *links, version, torch.__version__]
+        digest = hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
         built = Path(cache_dir()) / "tinyserve" / f"{source.stem}-{digest}.so"
         if not built.exists():
             built.parent.mkdir(parents=True, exist_ok=True)
             partial = built.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True, text=True)
+            command = [compiler, *flags, str(source), "-o", str(partial), *links]
+            done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 log.warning("%s is not built: %s", what, done.stderr.strip()[-500:])
                 return None
