@@ -80,7 +80,8 @@ def step_alone(served, compute, rows: int, steps: int) -> tuple[float, str]:
 
     def run() -> tuple[float, str]:
         with torch.inference_mode():
-            runner.prefill(list(range(rows)), [prompt] * rows, tables, [0] * rows)
+            prompt_tables = [t[: blocks_for(len(prompt))] for t in tables]  # the prompt's, then the steps'
+            runner.prefill(list(range(rows)), [prompt] * rows, prompt_tables, [0] * rows)
             tokens = [prompt[-1]] * rows
             times = []
             for i in range(steps):

@@ -17,6 +17,7 @@ import torch
 
 log = logging.getLogger("tinyserve")
 
+LOADED: dict[Path, ctypes.CDLL] = {}  # source -> the library this process loaded
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
@@ -60,4 +61,6 @@ def build(source: Path, what: str) -> ctypes.CDLL | None:
     except OSError as e:  # e.g. a read-only cache folder, an install without the source
         log.warning("%s is not built: %s", what, e)
         return None
-    return ctypes.CDLL(str(built))
+    if source not in LOADED:  # once a process: a second build's ops would register twice, which aborts
+        LOADED[source] = ctypes.CDLL(str(built))
+    return LOADED[source]

@@ -1,5 +1,6 @@
 // out (M, N) = x (M, K) @ w (N, K)^T (+ bias), bfloat16 in and out, float32 sums: a product of few rows that reads
-// w once from memory, with AVX-512 BF16's dot product of pairs (skinny_gemm.py builds and calls it).
+// w once from memory, with AVX-512 BF16's dot product of pairs (skinny_gemm.py builds it; the prepacked layers call
+// its op, tinyserve::skinny_linear).
 //
 // Each thread takes blocks of N_BLOCK rows of w; a block's rows are read once from memory (prefetched a block ahead)
 // and again from L1 for every M_BLOCK rows of x, so up to a few dozen rows cost about what one row costs.
@@ -64,4 +65,59 @@ extern "C" void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const uin
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t b = 0; b < blocks; ++b) rows_of_w<N_BLOCK>(x, w, bias, out, b * N_BLOCK, M, N, K);
   for (int64_t n0 = blocks * N_BLOCK; n0 < N; ++n0) rows_of_w<1>(x, w, bias, out, n0, M, N, K);
+}
+
+// The prepacked layers' op (server/execution/decoder/prepacked.py): up to max_rows bf16 rows this kernel over the
+// plain weight, more rows oneDNN (its linear over the prepacked weight, or aten's over the plain one where there is no
+// packed copy). A dispatcher kernel of torch's stable ABI: no Python a call. Registered for every backend (the packed
+// weight is a oneDNN tensor).
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::stable::detail::from;
+
+Tensor skinny_linear(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> packed, std::optional<Tensor> bias,
+                     int64_t max_rows) {
+  const int64_t K = x.size(x.dim() - 1), M = x.numel() / K;
+  if (weight && x.scalar_type() == torch::headeronly::ScalarType::BFloat16 && M <= max_rows) {
+    x = torch::stable::contiguous(x);
+    const int64_t N = weight->size(0);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = N;
+    Tensor out = torch::stable::new_empty(x, shape);
+    skinny_gemm_bf16(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(weight->data_ptr()),
+                     bias ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
+                     static_cast<uint16_t*>(out.data_ptr()), M, N, K,
+                     static_cast<int>(torch::stable::get_num_threads()));
+    return out;
+  }
+  if (!packed) {
+    std::array<StableIValue, 3> stack{from(x), from(*weight), from(bias)};
+    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION));
+    return torch::stable::detail::to<Tensor>(stack[0]);
+  }
+  std::array<StableIValue, 6> stack{from(x), from(*packed), from(bias), from(std::string("none")),
+                                    from(std::vector<std::optional<double>>{}),
+                                    from(std::optional<std::string>(std::string("")))};
+  STABLE_TORCH_ERROR_CODE_CHECK(
+      torch_call_dispatcher("mkldnn::_linear_pointwise", "", stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(tinyserve, m) {
+  m.def("skinny_linear(Tensor x, Tensor? weight, Tensor? packed, Tensor? bias, int max_rows) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(tinyserve, CompositeExplicitAutograd, m) {
+  m.impl("skinny_linear", TORCH_BOX(&skinny_linear));
 }

@@ -4,8 +4,9 @@ A decode step of one to a few rows is a matrix-vector product that only moves we
 prepacked weight moves them at about half the memory's speed at these rows, and inductor's C++ GEMM template
 reaches that speed only over frozen weights: a copy of them per graph and minutes of build. This kernel reads the
 plain weight tensors the model already holds, so every compiled graph and the eager model share them
-(docs/BENCHMARKS.md, "Why these paths"). It is built once per machine (server/execution/native.py) and called
-through ctypes as inductor calls its own kernels.
+(docs/BENCHMARKS.md, "Why these paths"). It is built once per machine (server/execution/native.py) with the op the
+prepacked layers call (tinyserve::skinny_linear, a C++ kernel of the dispatcher: it picks this kernel or oneDNN by
+the rows at each call).
 """
 
 from __future__ import annotations
@@ -33,13 +34,19 @@ def available() -> bool:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The kernel, built on first use (native.build); None where no compiler builds it (a log line says why: the
-    prepacked layers serve instead)."""
+    """The kernel, built on first use (native.build); loading it registers tinyserve::skinny_linear. None where no
+    compiler builds it (a log line says why: the prepacked layers serve instead)."""
     kernel = native.build(SOURCE, "the few-row bf16 kernel")
-    if kernel is not None:
-        kernel.skinny_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        kernel.skinny_gemm_bf16.restype = None
+    if kernel is not None and not FAKES:
+        FAKES.append(torch.library.register_fake("tinyserve::skinny_linear", _shape))
     return kernel
+
+
+FAKES: list = []  # the op's shape function, registered once a process
+
+
+def _shape(x, weight, packed, bias, max_rows):
+    return x.new_empty((*x.shape[:-1], (weight if weight is not None else packed).shape[0]))
 
 
 def usable() -> bool:
@@ -54,11 +61,6 @@ def serves(x: torch.Tensor) -> bool:
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., K) @ weight (N, K).T + bias (N,): (..., N), bf16 (contiguous weight and bias), summed in float32."""
-    x = x.contiguous()
-    n, k = weight.shape
-    out = x.new_empty((*x.shape[:-1], n))
-    bias_at = bias.data_ptr() if bias is not None else None
-    threads = torch.get_num_threads()
-    library().skinny_gemm_bf16(x.data_ptr(), weight.data_ptr(), bias_at, out.data_ptr(), x.numel() // k, n, k, threads)
-    return out
+    """x (..., K) @ weight (N, K).T + bias (N,): (..., N), bf16 (contiguous weight and bias), summed in float32, by the
+    kernel whatever the rows (benchmarks, tests)."""
+    return torch.ops.tinyserve.skinny_linear.default(x, weight, None, bias, x.numel())

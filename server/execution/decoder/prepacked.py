@@ -24,10 +24,10 @@ from models import cpu
 from models.quantize import WeightOnlyInt8Linear, replace_linears
 from server.execution import skinny_gemm
 
-# oneDNN's linear on a prepacked weight, or for few rows the skinny kernel on the plain one (skinny_gemm.py), an
-# opaque call to inductor: its own lowering of oneDNN's op takes frozen constants only, and a graph that takes the
-# weights as inputs (compiler.py's regional builds) calls this. The kernel is chosen by the rows at each call, so
-# one graph serves every row count (compiler.py, `shared_graph`).
+# oneDNN's linear on a prepacked weight (or, where the skinny kernel is built, its op tinyserve::skinny_linear: the
+# kernel for few rows, oneDNN for more), an opaque call to inductor: its own lowering of oneDNN's op takes frozen
+# constants only, and a graph that takes the weights as inputs (compiler.py's regional builds) calls this. The
+# kernel is chosen by the rows at each call, so one graph serves every row count (compiler.py, `shared_graph`).
 # Registered on the dispatcher directly: torch.library.custom_op's wrappers cost more a call than the op itself.
 LIBRARY = torch.library.Library("tinyserve", "DEF")
 LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor? packed, Tensor? bias) -> Tensor")
@@ -36,8 +36,7 @@ LIBRARY.define("prepacked_linear(Tensor x, Tensor? weight, Tensor? packed, Tenso
 def prepacked_linear(
     x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    if weight is not None and skinny_gemm.serves(x):
-        return skinny_gemm.product(x, weight, bias)
+    """Where the skinny kernel is not built (with it, its own op: PrepackedLinear.forward)."""
     if packed is None:  # one copy of the weights: oneDNN on the plain one
         return torch.nn.functional.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
@@ -75,6 +74,9 @@ class PrepackedLinear(nn.Module):
         self.packed = None if one_copy else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        if self.weight is not None:  # the skinny kernel's op (C++): it, or oneDNN, by the rows at each call
+            skinny = torch.ops.tinyserve.skinny_linear.default
+            return skinny(x, self.weight, self.packed, self.bias, skinny_gemm.MAX_ROWS)
         # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
         traced = torch.compiler.is_dynamo_compiling()
         linear = torch.ops.tinyserve.prepacked_linear.default if traced else prepacked_linear
