@@ -2,7 +2,7 @@
 // w once from memory, with AVX-512 BF16's dot product of pairs (skinny_gemm.py builds it; the prepacked layers call
 // its op, tinyserve::skinny_linear).
 //
-// Each thread takes blocks of N_BLOCK rows of w; a block's rows are read once from memory (prefetched a block ahead)
+// Each thread takes blocks of N_BLOCK rows of w; a block's rows are read once from memory (prefetched ahead)
 // and again from L1 for every M_BLOCK rows of x, so up to a few dozen rows cost about what one row costs.
 #include <immintrin.h>
 
@@ -12,7 +12,9 @@
 
 namespace {
 
-constexpr int64_t N_BLOCK = 4;
+// a row of w a block: one stream of memory a thread, faster than 4 at 1-8 rows of x (docs/BENCHMARKS.md, "Why these
+// paths")
+constexpr int64_t N_BLOCK = 1;
 constexpr int64_t M_BLOCK = 4;
 constexpr int64_t PREFETCH_BLOCKS = 2;
 
