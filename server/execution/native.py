@@ -22,14 +22,11 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
 def torch_flags() -> tuple[list[str], list[str]]:
-    """Compiler and linker flags for torch's headers and libraries (the stable ABI's symbols are in libtorch_cpu;
-    libraries go after the source, or an --as-needed linker drops them)."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    libs = library_paths()
-    return [f"-I{p}" for p in include_paths()], [
-        *(f"-L{p}" for p in libs), "-ltorch_cpu", "-lc10", *(f"-Wl,-rpath,{p}" for p in libs)
-    ]  # fmt: skip
+    """Compiler and linker flags for torch's headers and libraries, as the wheel lays them out (the stable ABI's
+    symbols are in libtorch_cpu; libraries go after the source, or an --as-needed linker drops them)."""
+    root = Path(torch.__file__).parent
+    lib = root / "lib"
+    return [f"-I{root / 'include'}"], [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
 def build(source: Path, what: str) -> ctypes.CDLL | None:
@@ -62,5 +59,9 @@ def build(source: Path, what: str) -> ctypes.CDLL | None:
         log.warning("%s is not built: %s", what, e)
         return None
     if source not in LOADED:  # once a process: a second build's ops would register twice, which aborts
-        LOADED[source] = ctypes.CDLL(str(built))
+        try:
+            LOADED[source] = ctypes.CDLL(str(built))
+        except OSError as e:  # e.g. built against another torch's libraries
+            log.warning("%s is not loaded: %s", what, e)
+            return None
     return LOADED[source]
