@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU over an anonymous mapping: its pages read as the system's zero page until written,
+    so a process holds the part of a KV budget it has used, not all of it at start (torch.zeros writes every byte)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    pages = mmap.mmap(-1, max(count * dtype.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)  # the tensor keeps the mapping
 
 
 class StaticKVCache:
@@ -128,13 +141,9 @@ class PagedKVCache:
     def empty(
         cls, shapes: list[list[tuple[int, int]]], blocks: int, dtype: torch.dtype, device: torch.device
     ) -> PagedKVCache:
-        """Zeroed pools of `blocks` blocks; shapes: per layer, (heads, head width) of each tensor it caches."""
-        return cls(
-            [
-                [torch.zeros(blocks * BLOCK_TOKENS, h, d, dtype=dtype, device=device) for h, d in layer]
-                for layer in shapes
-            ]
-        )
+        """Zeroed pools of `blocks` blocks (a never-written column reads 0: a masked one times its zero weight stays
+        finite), resident as they are written; shapes: per layer, (heads, head width) of each tensor it caches."""
+        return cls([[zeroed((blocks * BLOCK_TOKENS, h, d), dtype, device) for h, d in layer] for layer in shapes])
 
     @property
     def blocks(self) -> int:
