@@ -8,7 +8,7 @@ import mmap
 import torch
 
 
-def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def zero_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero tensor. On the CPU over an anonymous mapping: its pages read as the system's zero page until written,
     so a process holds the part of a KV budget it has used, not all of it at start (torch.zeros writes every byte)."""
     if device.type != "cpu":
@@ -143,7 +143,7 @@ class PagedKVCache:
     ) -> PagedKVCache:
         """Zeroed pools of `blocks` blocks (a never-written column reads 0: a masked one times its zero weight stays
         finite), resident as they are written; shapes: per layer, (heads, head width) of each tensor it caches."""
-        return cls([[zeroed((blocks * BLOCK_TOKENS, h, d), dtype, device) for h, d in layer] for layer in shapes])
+        return cls([[zero_pages((blocks * BLOCK_TOKENS, h, d), dtype, device) for h, d in layer] for layer in shapes])
 
     @property
     def blocks(self) -> int:

@@ -220,15 +220,11 @@ extern "C" void group_dequantize_bf16(const uint8_t* codes, int bits, const uint
 
 // The op the server calls (group_gemm.py): tinyserve::group_gemm, a dispatcher kernel of torch's stable ABI, so that
 // a step's products cost no Python call each (torch 2.13's ctypes-and-Python op took ~8 us of a small layer's ~20)
-#include <torch/csrc/stable/library.h>
-#include <torch/csrc/stable/ops.h>
-#include <torch/csrc/stable/tensor.h>
-
-#include <array>
+#include "stable_ops.h"
 
 namespace {
 
-using torch::stable::Tensor;
+using stable_ops::Tensor;
 
 // x (..., K) @ w.T + bias, x and bias bf16, scales float16 (N, K / group), K a multiple of 64 (group_gemm.py
 // calls it only then): up to max_rows rows our kernel; more, w in bf16 once for aten's linear (oneDNN)
@@ -243,14 +239,9 @@ Tensor group_gemm(Tensor x, Tensor codes, int64_t bits, Tensor scales, std::opti
     group_dequantize_bf16(static_cast<const uint8_t*>(codes.data_ptr()), static_cast<int>(bits),
                           static_cast<const uint16_t*>(scales.data_ptr()), zeros_at, static_cast<int>(group),
                           static_cast<uint16_t*>(w.data_ptr()), N, K, threads);
-    std::array<StableIValue, 3> stack{torch::stable::detail::from(x), torch::stable::detail::from(w),
-                                      torch::stable::detail::from(bias)};
-    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION));
-    return torch::stable::detail::to<Tensor>(stack[0]);
+    return stable_ops::linear(x, w, bias);
   }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  Tensor out = torch::stable::new_empty(x, shape);
+  Tensor out = stable_ops::rows_out(x, N);
   group_gemm_bf16(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint8_t*>(codes.data_ptr()),
                   static_cast<int>(bits), static_cast<const uint16_t*>(scales.data_ptr()), zeros_at,
                   static_cast<int>(group), bias ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr,

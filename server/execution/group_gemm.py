@@ -38,13 +38,7 @@ LIBRARY.define("group_linear(Tensor x, Tensor codes, int bits, Tensor scales, Te
 def library() -> ctypes.CDLL | None:
     """The kernel, built on first use (native.build); loading it registers the op tinyserve::group_gemm. None where no
     compiler builds it."""
-    kernel = native.build(SOURCE, "the group-quantized kernel")
-    if kernel is not None and not FAKES:
-        FAKES.append(torch.library.register_fake("tinyserve::group_gemm", _shape))
-    return kernel
-
-
-FAKES: list = []  # the op's shape function, registered once a process
+    return native.build(SOURCE, "the group-quantized kernel", {"tinyserve::group_gemm": _shape})
 
 
 def _shape(x, codes, bits, scales, zeros, bias, max_rows=0):

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,9 +30,10 @@ def torch_flags() -> tuple[list[str], list[str]]:
     return [f"-I{root / 'include'}"], [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
-def build(source: Path, what: str) -> ctypes.CDLL | None:
+def build(source: Path, what: str, shapes: dict[str, Callable] | None = None) -> ctypes.CDLL | None:
     """The library of `source`, built if this machine has none yet; None where no compiler builds it (a log line
-    names `what` and why)."""
+    names `what` and why). `shapes`: the shape function (fake) of each op the library registers, given to torch when
+    it is loaded."""
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         log.warning("%s is not built: no C++ compiler (%s) on PATH", what, compiler)
@@ -64,4 +66,6 @@ def build(source: Path, what: str) -> ctypes.CDLL | None:
         except OSError as e:  # e.g. built against another torch's libraries
             log.warning("%s is not loaded: %s", what, e)
             return None
+        for op, shape in (shapes or {}).items():
+            torch.library.register_fake(op, shape)
     return LOADED[source]

@@ -73,18 +73,14 @@ extern "C" void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const uin
 // plain weight, more rows oneDNN (its linear over the prepacked weight, or aten's over the plain one where there is no
 // packed copy). A dispatcher kernel of torch's stable ABI: no Python a call. Registered for every backend (the packed
 // weight is a oneDNN tensor).
-#include <torch/csrc/stable/library.h>
-#include <torch/csrc/stable/ops.h>
-#include <torch/csrc/stable/tensor.h>
+#include "stable_ops.h"
 
-#include <array>
 #include <string>
-#include <vector>
 
 namespace {
 
-using torch::stable::Tensor;
-using torch::stable::detail::from;
+using stable_ops::from;
+using stable_ops::Tensor;
 
 Tensor skinny_linear(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> packed, std::optional<Tensor> bias,
                      int64_t max_rows) {
@@ -92,20 +88,14 @@ Tensor skinny_linear(Tensor x, std::optional<Tensor> weight, std::optional<Tenso
   if (weight && x.scalar_type() == torch::headeronly::ScalarType::BFloat16 && M <= max_rows) {
     x = torch::stable::contiguous(x);
     const int64_t N = weight->size(0);
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = N;
-    Tensor out = torch::stable::new_empty(x, shape);
+    Tensor out = stable_ops::rows_out(x, N);
     skinny_gemm_bf16(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(weight->data_ptr()),
                      bias ? static_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
                      static_cast<uint16_t*>(out.data_ptr()), M, N, K,
                      static_cast<int>(torch::stable::get_num_threads()));
     return out;
   }
-  if (!packed) {
-    std::array<StableIValue, 3> stack{from(x), from(*weight), from(bias)};
-    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION));
-    return torch::stable::detail::to<Tensor>(stack[0]);
-  }
+  if (!packed) return stable_ops::linear(x, *weight, bias);
   std::array<StableIValue, 6> stack{from(x), from(*packed), from(bias), from(std::string("none")),
                                     from(std::vector<std::optional<double>>{}),
                                     from(std::optional<std::string>(std::string("")))};

@@ -36,13 +36,7 @@ def available() -> bool:
 def library() -> ctypes.CDLL | None:
     """The kernel, built on first use (native.build); loading it registers tinyserve::skinny_linear. None where no
     compiler builds it (a log line says why: the prepacked layers serve instead)."""
-    kernel = native.build(SOURCE, "the few-row bf16 kernel")
-    if kernel is not None and not FAKES:
-        FAKES.append(torch.library.register_fake("tinyserve::skinny_linear", _shape))
-    return kernel
-
-
-FAKES: list = []  # the op's shape function, registered once a process
+    return native.build(SOURCE, "the few-row bf16 kernel", {"tinyserve::skinny_linear": _shape})
 
 
 def _shape(x, weight, packed, bias, max_rows):
