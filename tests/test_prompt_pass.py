@@ -30,11 +30,20 @@ def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
 
 
 def with_prompt_pass(variant: str) -> GPTRunner:
-    """A 128-context GPT's runner of 4 slots, its prompts' pass built as the server builds it (regionally)."""
+    """A 128-context GPT's runner of 4 slots, its prompts' pass built as the server builds it: regionally, with no
+    whole graph after a regional build that failed (plain linear layers' 3-D inputs once made every one fail)."""
     runner = GPTRunner(tiny_gpt(vocab_size=97, context_length=128, **VARIANTS[variant]), None, 4)
+    compiler = BackgroundCompiler([Pass(runner.prompts, None, True)], None, "test")
+    built, compile = [], compiler.compile
+
+    def recorded(*args, regional=False, **kwargs):
+        built.append(regional)
+        return compile(*args, regional, **kwargs)
+
+    compiler.compile = recorded
     with torch.inference_mode():
-        compiler = BackgroundCompiler([Pass(runner.prompts, None, True)], None, "test")
         runner.prompts.compiled[None] = compiler.build(None, True)
+    assert built == [True]
     return runner
 
 

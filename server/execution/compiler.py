@@ -10,8 +10,8 @@ class reads its own dict at every call, on the compute thread, and serves a buck
 
 A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
 region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
-layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build; over those
-layers one graph serves every decode bucket of 2 or more rows (`shared_graph`, the rows dynamic). Whole, on the
+layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build; on the CPU one
+graph serves every decode bucket of 2 or more rows (`shared_graph`, the rows dynamic). Whole, on the
 CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs, and oneDNN's linear
 layers take their bias and activation: slower to build, and a copy of the weights, so only a bucket the template
 serves (DecodeStep.freezes) is then built whole too, its frozen graph replacing the regional one: compiled steps
@@ -328,8 +328,7 @@ class BackgroundCompiler:
             try:
                 compiled = self.regional_graph(bucket, key)
             except Exception as e:
-                # torch specialises a reused region's dynamic sizes in some graphs (the prompts' pass's, which
-                # is built whole): one whole graph instead
+                # where torch specialises a reused region's dynamic sizes (decoder/regional.py: rows_linear)
                 log.warning("%s: regional build failed (%s); one whole graph instead", self.label(bucket, True), e)
                 return self.checked(bucket, check=check)
             compiled = matching(bucket, target.regional, compiled)

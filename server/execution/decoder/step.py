@@ -269,13 +269,11 @@ class DecodeStep:
         return rows  # one token a row
 
     def shared_graph(self, rows: int) -> str | None:
-        """The regional graph a bucket shares: where the products are the prepacked layers' (an opaque op whose
-        kernel takes any rows), every bucket of 2 or more rows one graph, its rows a dynamic dimension: one build
-        for them all, and no slower (docs/BENCHMARKS.md, "Compiling"). One row is its own (torch specialises a size
-        of 1); so is every bucket elsewhere: over aten's float32 products (AVX-512) torch 2.13 specialises the
-        rows inside the blocks' region, and CUDA's were not measured."""
+        """The regional graph a bucket shares: on the CPU every bucket of 2 or more rows one graph, its rows a
+        dynamic dimension: one build for them all, and no slower (docs/BENCHMARKS.md, "Compiling"). One row is its
+        own (torch specialises a size of 1); so is every bucket on CUDA (not measured there)."""
         several = sum(b > 1 for b in self.row_buckets) > 1
-        return "rows" if rows > 1 and several and self.eager_model is not self.model else None
+        return "rows" if rows > 1 and several and self.device.type == "cpu" else None
 
     def example(self, rows: int, shared: bool = False) -> tuple[torch.Tensor, ...]:
         """Scratch inputs for the compiler, shaped and strided as the live ones (a table view of the most blocks,
