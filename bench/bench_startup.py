@@ -107,6 +107,8 @@ def main() -> None:
     print(f"compiled passes: {len(builds)}, {sum(float(s) for _, s in builds):.0f} s of building in all")
     for name, s in builds:
         print(f"  {name}: {float(s):.1f} s")
+    for name, why in re.findall(r"(\S+) not built, the bucket [^:]*: (.*)", log):
+        print(f"  {name}: not built ({why[:300]})")
     print()
     print("| measure | value |")
     print("|---|---|")
