@@ -38,6 +38,7 @@ def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def rows_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
     """nn.Linear over x's rows, as a 2-D product: the same sums as aten's linear, whose C++ decomposition of a
-    3-D input reads its sizes as integers when a region's cache writes are functionalized, which made every
-    prompts' pass over plain layers (float32 on AVX-512, CUDA) specialise its dynamic group and length and fail."""
+    3-D input reads its sizes as integers when a region's cache writes are functionalized: every prompts' pass over
+    plain layers (float32 on AVX-512) specialised its dynamic group and length and failed, as did the decode graph
+    its buckets of 2+ rows share."""
     return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias).view(*x.shape[:-1], -1)
