@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from model_store.digests import sha256_of
 from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
+from model_store.weights_file import WeightsFile
 from models.gpt import GPT, GPTConfig
 from models.quantize import attach_groups
 from models.tokenizer import EOS_TOKEN
@@ -201,7 +202,7 @@ def load_gpt(
     if (family := family_of(config_dict)) is None or family.runner != "decoder":
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # cast one tensor at a time
+    with WeightsFile(folder / "model.safetensors") as f:  # cast one tensor at a time, the file not mapped
         layers = quantized_layers(f)  # group-quantized layers (a GGUF file's blocks): codes and float32 scales as kept
         state = {k: cast(f.get_tensor(k), dtype) for k in f.keys() if k.rpartition(".")[0] not in layers}
     try:

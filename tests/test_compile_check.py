@@ -1,14 +1,17 @@
 """The check a compiled pass passes before it serves (server/execution/step_check.py), on real
 requests' inputs, and what /info then says of each pass."""
 
+import copy
+
 import pytest
 import torch
 
 from model_store import STORE_ROOT, load_gpt
 from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.decoder.prepacked import PrepackedLinear
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import CHECK_TEXT, check_lengths
-from server.execution.step_check import RANGE_FRACTION, disagreement
+from server.execution.step_check import RANGE_FRACTION, Float32Reference, disagreement
 from tests.conftest import tiny_gpt
 
 
@@ -45,6 +48,50 @@ def test_a_near_tie_may_pick_either_token_but_a_clear_lead_may_not():
     far = want.clone()
     far[0, 4] = want[0, 0] + 1.0  # picks a token eager put 7 nats behind
     assert "row 0" in disagreement(want, far, torch.bfloat16)
+
+
+def test_in_half_precision_got_may_stray_from_float32_as_far_as_eager_does():
+    exact = logits()
+    span = float((exact.amax(-1) - exact.amin(-1)).min())
+    tolerance = RANGE_FRACTION[torch.bfloat16] * span
+    noise = torch.randn(exact.shape, generator=torch.Generator().manual_seed(2))
+    eager = exact + noise * 2 * tolerance  # eager's own rounding: more than a tolerance from float32
+    got = exact - noise * 2 * tolerance  # as far from float32 the other way: twice as far from eager
+    assert "row" in disagreement(eager, got, torch.bfloat16)
+    assert disagreement(exact, got, torch.bfloat16, eager=eager) is None
+    worse = exact - noise * 6 * tolerance
+    assert "eager's own" in disagreement(exact, worse, torch.bfloat16, eager=eager)
+
+
+def test_the_float32_reference_computes_in_float32_and_still_writes_the_half_precision_cache():
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).bfloat16()
+    exact = copy.deepcopy(layers).float()  # the same (bf16-rounded) weights in float32
+    x = torch.randn(8, 64).bfloat16()
+    cache = torch.zeros(16, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        want = exact(x.float())
+        with Float32Reference():
+            y = layers(x)
+            cache.index_copy_(0, torch.arange(8), y)
+        assert y.dtype == torch.float32 and torch.allclose(y, want, atol=1e-5)
+        assert (layers(x).float() - want).abs().max() > 100 * (y - want).abs().max()  # bf16 rounds between ops
+        assert torch.equal(cache[:8], y.bfloat16()) and cache[8:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("rows", [1, 40])  # the skinny kernel's rows and oneDNN's, where the kernel runs
+def test_the_float32_reference_computes_our_linear_layers_in_float32(rows):
+    linear = torch.nn.Linear(64, 48).bfloat16()
+    layer = PrepackedLinear(linear)  # our op over the plain weight (where the kernel runs), or a prepacked one
+    x = torch.randn(rows, 64).bfloat16()
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        with Float32Reference():
+            y = layer(x)
+    if layer.weight is not None:
+        assert y.dtype == torch.float32 and torch.allclose(y, want, atol=1e-5)
+    else:  # a prepacked weight alone: the op in the precision it takes
+        assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), want, rtol=2**-7, atol=1e-2)
 
 
 def test_the_check_runs_on_prompts_of_the_checks_text_prefilled_into_the_cache(tiny_tokenizer):

@@ -21,7 +21,7 @@ def test_the_probe_reads_torchs_view_of_the_cpu():
 def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch):
     emulate_cpu(monkeypatch, AVX512_BF16)
     p = plan("cpu", "auto", "native")
-    kernels = "our AVX-512 BF16 kernel up to 8 rows" if skinny_gemm.usable() else "prepacked oneDNN bf16"
+    kernels = "our AVX-512 BF16 kernel up to 32 rows" if skinny_gemm.usable() else "prepacked oneDNN bf16"
     assert p.dtype == torch.bfloat16 and "native bf16" in p.why and kernels in p.kernels
     monkeypatch.setattr(skinny_gemm, "usable", lambda: False)  # where the skinny kernel could not be built
     p = plan("cpu", "auto", "native")

@@ -17,7 +17,7 @@ runs_here = pytest.mark.skipif(not skinny_gemm.usable(), reason="needs a CPU wit
 
 
 @runs_here
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 16, 31, 32])  # 9 and more: four rows of w a block
 @pytest.mark.parametrize(("n", "k"), [(64, 576), (7, 40), (130, 1000)])  # N and K off the kernel's blocks too
 def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
     generator = torch.Generator().manual_seed(rows * n + k)
@@ -33,12 +33,16 @@ def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
 
 
 @runs_here
-def test_a_bf16_layer_runs_few_rows_in_the_kernel_and_more_in_onednn():
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_bf16_layer_runs_a_decode_steps_rows_in_the_kernel_and_more_in_onednn(monkeypatch, amx):
+    """One copy of the weight, read by both; with AMX oneDNN takes more than 8 rows."""
+    emulate_cpu(monkeypatch, dataclasses.replace(AVX512_BF16, amx=amx))
     linear = nn.Linear(96, 80, bias=True).to(torch.bfloat16)
     layer = PrepackedLinear(linear)
     assert layer.weight is not None and layer.weight.data_ptr() == linear.weight.data_ptr()  # no copy
+    assert layer.packed is None
     kernel_rows = []
-    for rows in (1, 4, 8, 9, 16):
+    for rows in (1, 4, 8, 9, 16, 32, 33, 64):
         x = torch.randn(1, rows, 96).to(torch.bfloat16)
         expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -47,7 +51,7 @@ def test_a_bf16_layer_runs_few_rows_in_the_kernel_and_more_in_onednn():
         onednn = {"mkldnn::_linear_pointwise", "aten::linear"} & {event.name for event in profile.events()}
         if not onednn:
             kernel_rows.append(rows)
-    assert kernel_rows == [1, 4, 8]  # up to MAX_ROWS; oneDNN's prepacked layer above
+    assert kernel_rows == ([1, 4, 8] if amx else [1, 4, 8, 9, 16, 32])  # up to max_rows(); oneDNN above
 
 
 def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):

@@ -2,8 +2,9 @@
 // w once from memory, with AVX-512 BF16's dot product of pairs (skinny_gemm.py builds it; the prepacked layers call
 // its op, tinyserve::skinny_linear).
 //
-// Each thread takes blocks of N_BLOCK rows of w; a block's rows are read once from memory (prefetched ahead)
-// and again from L1 for every M_BLOCK rows of x, so up to a few dozen rows cost about what one row costs.
+// Each thread takes blocks of rows of w; a block's rows are read once from memory (prefetched ahead) and again from L1
+// for every M_BLOCK rows of x. Up to 8 rows of x, where the product waits on memory, a block is one row of w (one
+// stream of memory a thread); above, where it waits on arithmetic, four, each x row's 4 sums taken at once.
 #include <immintrin.h>
 
 #include "bf16.h"
@@ -12,33 +13,103 @@
 
 namespace {
 
-// a row of w a block: one stream of memory a thread, faster than 4 at 1-8 rows of x (docs/BENCHMARKS.md, "Why these
-// paths")
+// rows of w a block: at 1-8 rows of x one (30 against 21 GB/s at one row), above four (16 rows 18.5 against 29.7 ms,
+// SmolLM2-135M's layers: docs/BENCHMARKS.md, "Why these paths"). The small loops are unrolled so that the
+// accumulators stay in registers (GCC otherwise stored each to the stack at every step, which bounded the kernel).
 constexpr int64_t N_BLOCK = 1;
+constexpr int64_t N_BLOCK_WIDE = 4;
+constexpr int64_t WIDE_FROM_ROWS = 8;
 constexpr int64_t M_BLOCK = 4;
 constexpr int64_t PREFETCH_BLOCKS = 2;
+
+// The 16 sums of a 4 x 4 block's accumulators (acc[i][j]: x row i, w row j) as one vector, [4 i + j]: pairs added
+// within 128-bit lanes, then across them; ~3 instructions a sum where a reduction of each takes ~10, which bounded
+// the products of more rows.
+inline __m512 sums_4x4(const __m512 (&acc)[4][4]) {
+  const __m512* v = &acc[0][0];
+  __m512 pairs[8], quads[4];
+#pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i)  // each 128-bit lane: v[2i]'s two partial sums, v[2i + 1]'s, interleaved
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i) {  // each 128-bit lane: v[4i] ... v[4i + 3]'s sums over the lane
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // 128-bit lanes: 0x88 takes each source's lanes 0 and 2, 0xDD its 1 and 3
+  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                   _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
+}
+
+// rows [m0, m0 + 4) of x against rows [n0, n0 + 4) of w, summed as one vector
+inline void block_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t m0,
+                      int64_t n0, int64_t N, int64_t K) {
+  __m512 acc[4][4];
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
+    __m512bh wv[4];
+#pragma GCC unroll 16
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t* row = w + (n0 + j) * K + k;
+      if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BLOCKS * 4 * K), _MM_HINT_T0);
+      wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, row);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (m0 + i) * K + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
+    }
+  }
+  __m512 sums = sums_4x4(acc);
+  if (bias) {  // bias[n0 + j] at [4 i + j]
+    uint64_t four;
+    memcpy(&four, bias + n0, 8);
+    const __m128i widened = _mm_cvtepu16_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(four)));
+    const __m128 b = _mm_castsi128_ps(_mm_slli_epi32(widened, 16));  // a bf16 is a float's top 16 bits
+    sums = _mm512_add_ps(sums, _mm512_broadcast_f32x4(b));
+  }
+  alignas(32) uint16_t rounded[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), (__m256i)_mm512_cvtneps_pbh(sums));
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i) memcpy(out + (m0 + i) * N + n0, rounded + 4 * i, 8);
+}
 
 // rows [m0, m0 + MB) of x against rows [n0, n0 + NB) of w
 template <int MB, int NB>
 inline void block(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t m0, int64_t n0,
                   int64_t N, int64_t K) {
   __m512 acc[MB][NB];
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
     __m512bh wv[NB];
+#pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) {
       const uint16_t* row = w + (n0 + j) * K + k;
-      if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BLOCKS * N_BLOCK * K), _MM_HINT_T0);
+      if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BLOCKS * NB * K), _MM_HINT_T0);
       wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, row);
     }
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (m0 + i) * K + k);
+#pragma GCC unroll 16
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
     }
   }
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) {
       float sum = _mm512_reduce_add_ps(acc[i][j]);
       if (bias) sum += from_bf16(bias[n0 + j]);
@@ -50,6 +121,8 @@ template <int NB>
 inline void rows_of_w(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t n0,
                       int64_t M, int64_t N, int64_t K) {
   int64_t m0 = 0;
+  if constexpr (NB == 4 && M_BLOCK == 4)
+    for (; m0 + M_BLOCK <= M; m0 += M_BLOCK) block_4x4(x, w, bias, out, m0, n0, N, K);
   for (; m0 + M_BLOCK <= M; m0 += M_BLOCK) block<M_BLOCK, NB>(x, w, bias, out, m0, n0, N, K);
   switch (M - m0) {
     case 3: block<3, NB>(x, w, bias, out, m0, n0, N, K); break;
@@ -59,14 +132,23 @@ inline void rows_of_w(const uint16_t* x, const uint16_t* w, const uint16_t* bias
   }
 }
 
+template <int NB>
+void product(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t M, int64_t N,
+             int64_t K, int threads) {
+  const int64_t blocks = N / NB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < blocks; ++b) rows_of_w<NB>(x, w, bias, out, b * NB, M, N, K);
+  for (int64_t n0 = blocks * NB; n0 < N; ++n0) rows_of_w<1>(x, w, bias, out, n0, M, N, K);
+}
+
 }  // namespace
 
 extern "C" void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t M,
                                  int64_t N, int64_t K, int threads) {
-  const int64_t blocks = N / N_BLOCK;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t b = 0; b < blocks; ++b) rows_of_w<N_BLOCK>(x, w, bias, out, b * N_BLOCK, M, N, K);
-  for (int64_t n0 = blocks * N_BLOCK; n0 < N; ++n0) rows_of_w<1>(x, w, bias, out, n0, M, N, K);
+  if (M > WIDE_FROM_ROWS)
+    product<N_BLOCK_WIDE>(x, w, bias, out, M, N, K, threads);
+  else
+    product<N_BLOCK>(x, w, bias, out, M, N, K, threads);
 }
 
 // The prepacked layers' op (server/execution/decoder/prepacked.py): up to max_rows bf16 rows this kernel over the

@@ -21,9 +21,13 @@ from models import cpu
 from server.execution import native
 
 SOURCE = Path(__file__).with_suffix(".cpp")
-# Up to this many rows the kernel, on weights on huge pages, beats oneDNN's prepacked bf16 linear (SmolLM2-135M's
-# shape: 1 row 11.6 against 25.0 ms, 8 rows 23.2 against 26.8; 16 rows slower; bench/bench_skinny_gemm.py).
-MAX_ROWS = 8
+# Up to this many rows (a decode step's largest bucket by default) the kernel serves; more (a prompt's prefill) go to
+# oneDNN on the same plain weights, so nothing is prepacked and the weights are held once. Up to 8 rows the kernel
+# beats oneDNN's prepacked linear; at 16 and 32 it is 14-21 % slower than it but faster than oneDNN on the plain
+# weights, and the prepacked copy would double the weights' memory (docs/BENCHMARKS.md, "Why these paths"). With AMX,
+# oneDNN's tiles over the plain weight serve more than 8 rows (not measured against the kernel above 8).
+MAX_ROWS = 32
+AMX_MAX_ROWS = 8
 
 
 def available() -> bool:
@@ -48,10 +52,14 @@ def usable() -> bool:
     return available() and library() is not None
 
 
+def max_rows() -> int:
+    """The most rows the kernel computes on this CPU; oneDNN more."""
+    return AMX_MAX_ROWS if cpu.cpu_features().amx else MAX_ROWS
+
+
 def serves(x: torch.Tensor) -> bool:
-    """Whether the kernel computes x's product with a weight it is usable for (bf16, at most MAX_ROWS rows): cheap,
-    as it runs at every product."""
-    return x.dtype is torch.bfloat16 and x.numel() <= MAX_ROWS * x.shape[-1]
+    """Whether the kernel computes x's product with a weight it is usable for (bf16, at most max_rows() rows)."""
+    return x.dtype is torch.bfloat16 and x.numel() <= max_rows() * x.shape[-1]
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

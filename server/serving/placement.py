@@ -58,8 +58,8 @@ def plan(device_name: str, dtype_name: str, weights: str) -> Placement:
     why = [f"dtype={dtype_name}" + (f" ({native})" if dtype_name == "auto" else "")]
     compiled = "C++ GEMM template " + ("up to 4 rows, prepacked layers above" if f.avx512 else "at every row count")
     if dtype == torch.bfloat16 and skinny_gemm.usable():  # kernel_choice.template_serves: no frozen graph
-        compiled = f"regional graphs: our AVX-512 BF16 kernel up to {skinny_gemm.MAX_ROWS} rows, oneDNN above"
-        uncompiled = f"our kernel up to {skinny_gemm.MAX_ROWS} rows, oneDNN bf16 above"
+        compiled = f"regional graphs: our AVX-512 BF16 kernel up to {skinny_gemm.max_rows()} rows, oneDNN above"
+        uncompiled = f"our kernel up to {skinny_gemm.max_rows()} rows, oneDNN bf16 above"
         why.append("avx512_bf16: the skinny kernel")
     elif dtype == torch.bfloat16:
         uncompiled = "prepacked oneDNN bf16" if f.onednn_bf16 else "aten's bf16 fallback"

@@ -8,8 +8,8 @@ Freezing prepacks the compiled graphs' layers; this does the same for eager, on 
 that shares every other tensor, so the compiler still traces the plain model. An int8 layer keeps
 aten's int8 kernel for the few-row products it serves faster (models/quantize.py) and gets its
 dequantized weight prepacked for the rest (a prompt's prefill). A bf16 layer where the skinny kernel runs
-(server/execution/skinny_gemm.py) reads the plain weight for up to 8 rows, and with AMX for more rows too (oneDNN
-through `F.linear`): then nothing is prepacked and the model holds its weights once.
+(server/execution/skinny_gemm.py) reads the plain weight, the kernel a decode step's rows and oneDNN (through
+`F.linear`) a prefill's: then nothing is prepacked and the model holds its weights once.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ PACKED_FOR_ROWS = {torch.float32: 32, torch.bfloat16: 1}
 
 
 class PrepackedLinear(nn.Module):
-    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes), and in bf16
-    where the skinny kernel runs also as it is, for the products of few rows (the same tensor as the plain model's)."""
+    """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes), or in bf16 where
+    the skinny kernel runs as it is (the plain model's tensor), for the kernel and oneDNN alike."""
 
     def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
         super().__init__()
@@ -67,16 +67,15 @@ class PrepackedLinear(nn.Module):
         plain = isinstance(linear, nn.Linear) and bf16 and skinny_gemm.usable()
         self.bias = linear.bias
         self.weight = weight.detach().contiguous() if plain else None  # the kernel's: the plain model's tensor
-        # with AMX oneDNN reads the plain weight for more rows within 2-26 % of a prepacked copy (32 rows 27.7
-        # against 22.0 ms, a 512-token prefill 78.9 against 77.5: docs/BENCHMARKS.md, "Why these paths"): no copy
-        one_copy = plain and cpu.cpu_features().amx
+        self.kernel_rows = skinny_gemm.max_rows()
+        # the kernel serves a decode step's rows, oneDNN a prefill's over the plain weight: one copy (skinny_gemm.py)
         rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
-        self.packed = None if one_copy else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+        self.packed = None if plain else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         if self.weight is not None:  # the skinny kernel's op (C++): it, or oneDNN, by the rows at each call
             skinny = torch.ops.tinyserve.skinny_linear.default
-            return skinny(x, self.weight, self.packed, self.bias, skinny_gemm.MAX_ROWS)
+            return skinny(x, self.weight, self.packed, self.bias, self.kernel_rows)
         # dynamo's own flag: is_compiling() is process-wide, true on the compute thread while another thread exports
         traced = torch.compiler.is_dynamo_compiling()
         linear = torch.ops.tinyserve.prepacked_linear.default if traced else prepacked_linear
