@@ -79,13 +79,14 @@ def shape_config(shape: str):
 
 
 def make_checkpoint(shape: str, folder: Path) -> int:
-    """A random transformers model at the shape, saved with our tokenizer; returns its parameter count."""
+    """A random transformers model at the shape, saved in bf16 (as these families' checkpoints ship) with our
+    tokenizer; returns its parameter count."""
     import torch
     import transformers
 
     config = shape_config(shape)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER), eos_token="<|endoftext|>").save_pretrained(
         folder
