@@ -39,15 +39,12 @@ def eos_lengths(
     ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids])
     rows = []
     for bias in biases:
-        lengths, samples = [], []
-        for seed in range(seeds):
-            params = SamplingParams(
-                max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_bias=bias, seed=seed
-            )
-            with torch.no_grad():
-                out = model.generate(ids, params)[0].tolist()
-            lengths.append(len(out))
-            samples.append(tokenizer.decode(out))
+        params = [
+            SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_bias=bias, seed=s)
+            for s in range(seeds)
+        ]
+        outs = model.generate_each(ids, params)  # the seeds as one batch, each sampled as alone
+        lengths, samples = [len(out) for out in outs], [tokenizer.decode(out) for out in outs]
         ended = sum(n < max_new_tokens for n in lengths)
         rows.append(EosRow(bias, sum(lengths) / seeds, ended / seeds, samples))
     return rows
