@@ -3,8 +3,9 @@
 // its op, tinyserve::skinny_linear).
 //
 // Each thread takes blocks of rows of w; a block's rows are read once from memory (prefetched ahead) and again from L1
-// for every M_BLOCK rows of x. Up to 8 rows of x, where the product waits on memory, a block is one row of w (one
-// stream of memory a thread); above, where it waits on arithmetic, four, each x row's 4 sums taken at once.
+// for every M_BLOCK rows of x. For few short rows of x, where the product waits on memory, a block is one row of w
+// (one stream of memory a thread); for more, where it waits on arithmetic and on reading x again, four, each x row's
+// 4 sums taken at once.
 #include <immintrin.h>
 
 #include "bf16.h"
@@ -14,11 +15,13 @@
 namespace {
 
 // rows of w a block: at 1-8 rows of x one (30 against 21 GB/s at one row), above four (16 rows 18.5 against 29.7 ms,
-// SmolLM2-135M's layers: docs/BENCHMARKS.md, "Why these paths"). The small loops are unrolled so that the
-// accumulators stay in registers (GCC otherwise stored each to the stack at every step, which bounded the kernel).
+// SmolLM2-135M's layers); four from 4 rows where a row of x is long (Llama-3.2-1B's layers, K 2048 and 8192: 8 rows
+// 92 against 161 ms, x re-read from L2 for every row of w; docs/BENCHMARKS.md, "Why these paths"). The small loops are
+// unrolled so that the accumulators stay in registers (GCC otherwise stored each to the stack at every step).
 constexpr int64_t N_BLOCK = 1;
 constexpr int64_t N_BLOCK_WIDE = 4;
 constexpr int64_t WIDE_FROM_ROWS = 8;
+constexpr int64_t WIDE_FROM_K = 2048;
 constexpr int64_t M_BLOCK = 4;
 constexpr int64_t PREFETCH_BLOCKS = 2;
 
@@ -145,7 +148,7 @@ void product(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_
 
 extern "C" void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t M,
                                  int64_t N, int64_t K, int threads) {
-  if (M > WIDE_FROM_ROWS)
+  if (M > WIDE_FROM_ROWS || (M >= 4 && K >= WIDE_FROM_K))
     product<N_BLOCK_WIDE>(x, w, bias, out, M, N, K, threads);
   else
     product<N_BLOCK>(x, w, bias, out, M, N, K, threads);
