@@ -18,7 +18,7 @@ runs_here = pytest.mark.skipif(not skinny_gemm.usable(), reason="needs a CPU wit
 
 @runs_here
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 16, 31, 32])  # 9 and more: four rows of w a block
-@pytest.mark.parametrize(("n", "k"), [(64, 576), (7, 40), (130, 1000)])  # N and K off the kernel's blocks too
+@pytest.mark.parametrize(("n", "k"), [(64, 576), (7, 40), (130, 1000), (70, 2100)])  # off the blocks; long rows
 def test_the_kernel_gives_float32_sums_of_bf16_products(rows, n, k):
     generator = torch.Generator().manual_seed(rows * n + k)
     x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)

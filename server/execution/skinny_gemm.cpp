@@ -24,6 +24,7 @@ constexpr int64_t WIDE_FROM_ROWS = 8;
 constexpr int64_t WIDE_FROM_K = 2048;
 constexpr int64_t M_BLOCK = 4;
 constexpr int64_t PREFETCH_BLOCKS = 2;
+constexpr int64_t K_CHUNK = 1024;  // 4 rows of w over a chunk: 8 KB
 
 // The 16 sums of a 4 x 4 block's accumulators (acc[i][j]: x row i, w row j) as one vector, [4 i + j]: pairs added
 // within 128-bit lanes, then across them; ~3 instructions a sum where a reduction of each takes ~10, which bounded
@@ -47,21 +48,22 @@ inline __m512 sums_4x4(const __m512 (&acc)[4][4]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
 }
 
-// rows [m0, m0 + 4) of x against rows [n0, n0 + 4) of w, summed as one vector
-inline void block_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t m0,
-                      int64_t n0, int64_t N, int64_t K) {
+// rows [m0, m0 + 4) of x against rows [n0, n0 + 4) of w over k in [k0, k1): the 16 partial sums carried in
+// `partial` (acc[i][j] at [4 i + j]), started at k0 = 0
+inline void part_4x4(const uint16_t* x, const uint16_t* w, __m512* partial, int64_t m0, int64_t n0, int64_t K,
+                     int64_t k0, int64_t k1, bool prefetch) {
   __m512 acc[4][4];
 #pragma GCC unroll 16
   for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 16
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
+    for (int j = 0; j < 4; ++j) acc[i][j] = k0 == 0 ? _mm512_setzero_ps() : partial[4 * i + j];
+  for (int64_t k = k0; k < k1; k += 32) {
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
     __m512bh wv[4];
 #pragma GCC unroll 16
     for (int j = 0; j < 4; ++j) {
       const uint16_t* row = w + (n0 + j) * K + k;
-      if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BLOCKS * 4 * K), _MM_HINT_T0);
+      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BLOCKS * 4 * K), _MM_HINT_T0);
       wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, row);
     }
 #pragma GCC unroll 16
@@ -71,7 +73,16 @@ inline void block_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias
       for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[j], xv);
     }
   }
-  __m512 sums = sums_4x4(acc);
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < 4; ++j) partial[4 * i + j] = acc[i][j];
+}
+
+// the 4 x 4 block's outputs from its partial sums
+inline void finish_4x4(const __m512 (&partial)[16], const uint16_t* bias, uint16_t* out, int64_t m0, int64_t n0,
+                       int64_t N) {
+  __m512 sums = sums_4x4(reinterpret_cast<const __m512(&)[4][4]>(partial));
   if (bias) {  // bias[n0 + j] at [4 i + j]
     uint64_t four;
     memcpy(&four, bias + n0, 8);
@@ -83,6 +94,24 @@ inline void block_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias
   _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), (__m256i)_mm512_cvtneps_pbh(sums));
 #pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) memcpy(out + (m0 + i) * N + n0, rounded + 4 * i, 8);
+}
+
+// rows of x in blocks of 4 against rows [n0, n0 + 4) of w, up to 32 rows at once, K in chunks whose 4 rows of w stay
+// in L1 for every block of x (a long row of w read again from L2 for the second block made 8 rows 25 % slower)
+inline int64_t rows_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t n0,
+                        int64_t M, int64_t N, int64_t K) {
+  int64_t m0 = 0;
+  while (m0 + 4 <= M) {
+    const int64_t blocks = (M - m0) / 4 < 8 ? (M - m0) / 4 : 8;
+    alignas(64) __m512 partial[8][16];
+    for (int64_t k0 = 0; k0 < K; k0 += K_CHUNK) {
+      const int64_t k1 = K - k0 < K_CHUNK ? K : k0 + K_CHUNK;
+      for (int64_t b = 0; b < blocks; ++b) part_4x4(x, w, partial[b], m0 + 4 * b, n0, K, k0, k1, b == 0);
+    }
+    for (int64_t b = 0; b < blocks; ++b) finish_4x4(partial[b], bias, out, m0 + 4 * b, n0, N);
+    m0 += 4 * blocks;
+  }
+  return m0;
 }
 
 // rows [m0, m0 + MB) of x against rows [n0, n0 + NB) of w
@@ -124,8 +153,7 @@ template <int NB>
 inline void rows_of_w(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t n0,
                       int64_t M, int64_t N, int64_t K) {
   int64_t m0 = 0;
-  if constexpr (NB == 4 && M_BLOCK == 4)
-    for (; m0 + M_BLOCK <= M; m0 += M_BLOCK) block_4x4(x, w, bias, out, m0, n0, N, K);
+  if constexpr (NB == 4 && M_BLOCK == 4) m0 = rows_4x4(x, w, bias, out, n0, M, N, K);
   for (; m0 + M_BLOCK <= M; m0 += M_BLOCK) block<M_BLOCK, NB>(x, w, bias, out, m0, n0, N, K);
   switch (M - m0) {
     case 3: block<3, NB>(x, w, bias, out, m0, n0, N, K); break;
