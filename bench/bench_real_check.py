@@ -57,7 +57,8 @@ def greedy(runner: GPTRunner, ids: list[list[int]], steps: int, compiled: bool) 
         with torch.inference_mode():
             n = blocks_for(max(len(p) for p in ids) + steps)
             tables = [list(range(1 + r * n, 1 + (r + 1) * n)) for r in range(len(ids))]  # block 0: the null block
-            tokens = runner.prefill(list(range(len(ids))), ids, tables, [0] * len(ids)).argmax(-1).tolist()
+            prompt_blocks = [t[: blocks_for(len(p))] for t, p in zip(tables, ids, strict=True)]  # as the engine's
+            tokens = runner.prefill(list(range(len(ids))), ids, prompt_blocks, [0] * len(ids)).argmax(-1).tolist()
             out = [[t] for t in tokens]
             positions = [len(p) for p in ids]
             for _ in range(steps - 1):
