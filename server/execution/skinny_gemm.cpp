@@ -97,7 +97,7 @@ inline void finish_4x4(const __m512 (&partial)[16], const uint16_t* bias, uint16
 }
 
 // rows of x in blocks of 4 against rows [n0, n0 + 4) of w, up to 32 rows at once, K in chunks whose 4 rows of w stay
-// in L1 for every block of x (a long row of w read again from L2 for the second block made 8 rows 25 % slower)
+// in L1 for every block of x (Llama-3.2-1B's layers: 8 rows 83-85 against 90 ms, 16 rows 122-127 against 142)
 inline int64_t rows_4x4(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int64_t n0,
                         int64_t M, int64_t N, int64_t K) {
   int64_t m0 = 0;
