@@ -138,10 +138,8 @@ def llama_config(cfg: dict, max_context: int | None) -> GPTConfig:
 
 
 def llama_weights(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Ours from a Llama-layout state, whose q/k/v and gate/up tensors it takes out as it joins them (a load holds
-    each layer's weights once, not the file's and the joined ones)."""
     out = {"tok_emb.weight": state["model.embed_tokens.weight"], "ln_f.weight": state["model.norm.weight"]}
-    for i in range(config.n_layer):
+    for i in range(config.n_layer):  # q/k/v, gate/up popped as joined: a load holds each layer's weights once
         src, dst = f"model.layers.{i}.", f"blocks.{i}."
         attn = src + "self_attn."
         for kind in ("weight", "bias"):
@@ -150,8 +148,7 @@ def llama_weights(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
             if attn + f"o_proj.{kind}" in state:
                 out[dst + f"attn.proj.{kind}"] = state[attn + f"o_proj.{kind}"]
             if src + f"mlp.gate_proj.{kind}" in state:  # gate then up: one product (models/gpt.py, MLP)
-                gate_up = [state.pop(src + f"mlp.{p}_proj.{kind}") for p in ("gate", "up")]
-                out[dst + f"mlp.fc.{kind}"] = torch.cat(gate_up)
+                out[f"{dst}mlp.fc.{kind}"] = torch.cat([state.pop(f"{src}mlp.{p}_proj.{kind}") for p in ("gate", "up")])
                 out[dst + f"mlp.proj.{kind}"] = state[src + f"mlp.down_proj.{kind}"]
         for norm in ("q_norm", "k_norm"):
             if attn + f"{norm}.weight" in state:

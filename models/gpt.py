@@ -42,7 +42,7 @@ from models.config import GPTConfig
 from models.kv_cache import PagedKVCache, StaticKVCache, write_layer
 from models.positions import inverse_frequencies, rope, rope_rotation, sinusoidal_encoding
 from models.relational import RelationalAttention
-from models.sampling import SamplingParams, SequenceState, sample
+from models.sampling import SamplingParams
 from models.softmax import get_softmax
 
 
@@ -382,39 +382,6 @@ class GPT(nn.Module):
         context_length tokens; generation stops at the context limit or at the end-of-text token.
         Stop sequences are matched on text, which is the detokenizer's job: the server's, not this.
         """
-        return idx.new_tensor([self.generate_each(idx, [params])[0]])
+        from models.generation import continuations  # which runs this model
 
-    @torch.no_grad()
-    def generate_each(self, idx: torch.Tensor, params: list[SamplingParams]) -> list[list[int]]:  # (1, T) -> N lists
-        """A continuation of one prompt for each of `params` (e.g. seeds), decoded together as one batch: each row
-        samples as `generate` would alone (its own generator), and runs until every row has ended."""
-        idx = idx[:, -self.config.context_length :].to(self.ln_f.weight.device)  # a prompt from the CPU
-        B, T = len(params), idx.shape[1]
-        states = [
-            SequenceState(p, idx[0].tolist(), 0, torch.Generator().manual_seed(p.seed) if p.seed is not None else None)
-            for p in params
-        ]
-        cache = self.new_cache(B)
-        prompt = idx.expand(B, T)
-        logits = self(prompt, input_pos=torch.arange(T, device=idx.device).expand(B, T), cache=cache).logits[:, -1]
-        outs: list[list[int]] = [[] for _ in params]
-        limits = [min(p.max_new_tokens, self.config.context_length - T) for p in params]
-        running = [limit > 0 for limit in limits]
-        for pos in range(T, T + max(limits, default=0)):
-            # on the CPU, as the server samples, with the CPU generator: the same tokens on every device
-            live = [i for i in range(B) if running[i]]
-            if not live:
-                break
-            draws = sample(logits[live].cpu(), [states[i] for i in live], self.config.eos_token_id)
-            tokens = [0] * B  # an ended row's input: computed, never read
-            for i, draw in zip(live, draws, strict=True):
-                if draw.token == self.config.eos_token_id:
-                    running[i] = False
-                    continue
-                outs[i].append(draw.token)
-                states[i].advance(draw.token)
-                tokens[i] = draw.token
-                running[i] = len(outs[i]) < limits[i]
-            step = idx.new_tensor(tokens).view(B, 1)
-            logits = self(step, input_pos=idx.new_full((B, 1), pos), cache=cache).logits[:, -1]
-        return outs
+        return idx.new_tensor([continuations(self, idx, [params])[0]])

@@ -25,7 +25,7 @@ def test_a_frozen_step_is_packaged_once_and_loaded_at_the_next_start(tmp_path, m
         want = [e.id for e in eager.generate(prompt, GREEDY)[0]]
         step = compiled.runner.step
         with monkeypatch.context() as m:  # a package that fails its check is not kept, nor left half-way
-            m.setattr("server.execution.compiler.disagreement", lambda *args: "the logits differ")
+            m.setattr("server.execution.step_check.disagreement", lambda *args, **kwargs: "the logits differ")
             rejected = BackgroundCompiler([Pass(step, 1)], tmp_path, "key", name="tiny")
             rejected.run()
         assert rejected.states()["DecodeStep_1"].startswith("not built: StepMismatchError: the logits differ")

@@ -2,6 +2,7 @@ import json
 
 import torch
 
+from models.generation import continuations
 from models.sampling import SamplingParams, SequenceState, adjust_logits, choose_tokens, sample
 from server.engine.detokenizer import StopMatcher
 from tests.conftest import FIXTURES, tiny_gpt
@@ -89,14 +90,14 @@ def test_seeded_generations_are_bit_for_bit_the_recorded_ones():
 
 
 def test_a_prompts_continuations_decoded_together_are_each_the_one_generate_gives():
-    """GPT.generate_each: one batch, rows that end early (EOS) or go on to their own limits."""
+    """models/generation.py: one batch, rows that end early (EOS) or go on to their own limits."""
     model = tiny_gpt(seed=3, eos_token_id=2, context_length=64)
     prompt = torch.tensor([[5, 9, 14, 3]])
     params = [
         SamplingParams(max_new_tokens=20, temperature=0.9, top_k=8, seed=seed, eos_bias=bias)
         for seed, bias in [(0, 0.0), (1, 4.0), (2, 0.0), (3, 4.0)]
     ] + [SamplingParams(max_new_tokens=7, temperature=0), SamplingParams(max_new_tokens=0)]
-    each = model.generate_each(prompt, params)
+    each = continuations(model, prompt, params)
     assert each == [model.generate(prompt, p)[0].tolist() for p in params]
     lengths = [len(out) for out in each]
     assert min(lengths[:4]) < 20 and max(lengths[:4]) == 20 and lengths[4:] == [7, 0]  # an EOS ended one row

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
+from models.generation import continuations
 from models.gpt import GPT
 from models.sampling import SamplingParams
 
@@ -43,7 +44,7 @@ def eos_lengths(
             SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_bias=bias, seed=s)
             for s in range(seeds)
         ]
-        outs = model.generate_each(ids, params)  # the seeds as one batch, each sampled as alone
+        outs = continuations(model, ids, params)  # the seeds as one batch, each sampled as alone
         lengths, samples = [len(out) for out in outs], [tokenizer.decode(out) for out in outs]
         ended = sum(n < max_new_tokens for n in lengths)
         rows.append(EosRow(bias, sum(lengths) / seeds, ended / seeds, samples))

@@ -55,7 +55,7 @@ from server.execution.compute_thread import (
 from server.execution.graph_call import GraphCapture, model_tensors, skipping_guards
 from server.execution.kernel_choice import PREPACKED, inductor_settings
 from server.execution.packaged import SharedConstants, load, package
-from server.execution.step_check import HALF, Float32Reference, StepMismatchError, disagreement
+from server.execution.step_check import StepMismatchError, mismatch
 
 log = logging.getLogger("tinyserve")
 
@@ -364,20 +364,8 @@ class BackgroundCompiler:
         return self.compile(bucket, {}, regional=True)
 
     def matching(self, bucket: Hashable, reference: Callable, compiled: Callable[..., torch.Tensor]) -> Callable:
-        """compiled, where on a real request's inputs it gives the reference's (run eagerly) next-token distribution,
-        or in half precision strays from its float32 run no further than the eager one does (step_check.py)."""
-        target = self.targets[bucket]
-        eager = target.logits(reference(*target.real_inputs(bucket)))
-        got = target.logits(compiled(*target.real_inputs(bucket)))
-        why = disagreement(eager, got, target.check_rounding)
-        if why is not None and target.check_rounding in HALF:  # eager's own rounding, measured against float32
-            inputs = target.real_inputs(bucket)
-            with Float32Reference():
-                exact = target.logits(reference(*inputs))
-            direct, why = why, disagreement(exact, got, target.check_rounding, eager=eager)
-            if why is None:
-                log.info("%s: as near float32 as eager, which it differs from (%s)", self.label(bucket), direct)
-        if why is not None:
+        """compiled, where on a real request's inputs it passes the check against the reference run eagerly."""
+        if (why := mismatch(self.targets[bucket], bucket, reference, compiled, self.label(bucket))) is not None:
             raise StepMismatchError(why)
         return compiled
 

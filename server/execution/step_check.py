@@ -17,6 +17,9 @@ tolerance.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Hashable
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -29,6 +32,9 @@ TOP_TOKENS = 8  # the reference's most likely tokens whose log-probabilities are
 HALF = (torch.bfloat16, torch.float16)
 LINEAR_OPS = ("tinyserve::skinny_linear", "tinyserve::prepacked_linear")  # server/execution/decoder/prepacked.py
 EXACT = (torch.ops.aten.embedding.default,)  # rounds nothing: run on the half-precision table, not a float32 copy
+
+
+log = logging.getLogger("tinyserve")
 
 
 class StepMismatchError(RuntimeError):
@@ -102,3 +108,20 @@ def disagreement(
                 f"range {span[i]:.1f}){besides}; {len(bad)} of {len(span)} rows"
             )
     return None
+
+
+def mismatch(target, bucket: Hashable, reference: Callable, compiled: Callable, label: str) -> str | None:
+    """Why the target's compiled function fails the check on a real request's inputs, or None: its next-token
+    distribution is the reference's (run eagerly), or in half precision strays from the reference's float32 run no
+    further than the eager one does."""
+    eager = target.logits(reference(*target.real_inputs(bucket)))
+    got = target.logits(compiled(*target.real_inputs(bucket)))
+    why = disagreement(eager, got, target.check_rounding)
+    if why is not None and target.check_rounding in HALF:  # eager's own rounding, measured against float32
+        inputs = target.real_inputs(bucket)
+        with Float32Reference():
+            exact = target.logits(reference(*inputs))
+        direct, why = why, disagreement(exact, got, target.check_rounding, eager=eager)
+        if why is None:
+            log.info("%s: as near float32 as eager, which it differs from (%s)", label, direct)
+    return why
