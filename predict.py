@@ -156,7 +156,7 @@ class Predictor(BasePredictor):
             if not isinstance(parsed, list):
                 raise APIError(422, "messages: a JSON list of {role, content}", "messages")
             conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parsed]
-            job = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params)
+            job = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params).job
         else:
             job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
         if json_schema and regex:

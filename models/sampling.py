@@ -82,8 +82,14 @@ class SequenceState:
         return self.matcher.is_stopped() or self.matcher.is_error()
 
     def allowed_next(self, vocab_size: int) -> np.ndarray | None:
-        """(V,) bool: the tokens the constraint allows next, or None where every token is allowed."""
-        return None if self.matcher is None else allowed_tokens(self.matcher, vocab_size)
+        """(V,) bool: the tokens the constraint allows next, or None where every token is allowed. Where the
+        grammar may end here, so may the tokens that end the sequence as EOS does (a chat's end of turn)."""
+        if self.matcher is None:
+            return None
+        allowed = allowed_tokens(self.matcher, vocab_size)
+        if self.params.stop_token_ids and self.matcher.is_accepting():
+            allowed[[t for t in self.params.stop_token_ids if t < vocab_size]] = True
+        return allowed
 
     def eos_logit_bias(self, ahead: int = 0) -> float:
         """What the EOS logit of the token after the next `ahead` ones gets (0: the next token): the EOS bias,
@@ -122,7 +128,7 @@ def adjust_logits(logits: torch.Tensor, rows: list[SequenceState], eos_id: int) 
             out[i, r.params.stop_token_ids] += r.eos_logit_bias()
     for i, r in enumerate(rows):  # a constraint's mask: its disallowed tokens are impossible, whatever else says
         if r.matcher is not None:
-            out[i].masked_fill_(~torch.from_numpy(allowed_tokens(r.matcher, V)), float("-inf"))
+            out[i].masked_fill_(~torch.from_numpy(r.allowed_next(V)), float("-inf"))
     return out
 
 

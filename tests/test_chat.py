@@ -70,7 +70,7 @@ def test_the_prompt_is_the_template_rendered_as_transformers_renders_it(client, 
 
     registry = client.app.state.registry
     body = ChatCompletionRequest(model="tiny-chat", messages=MESSAGES)
-    job = prepare_chat(registry, client.app.state.settings, "tiny-chat", MESSAGES, body)
+    job = prepare_chat(registry, client.app.state.settings, "tiny-chat", MESSAGES, body).job
     expected = AutoTokenizer.from_pretrained(chat_store / "src" / "tiny-chat").apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=True
     )

@@ -26,7 +26,7 @@ SERVER_LAYERS = [
     {"execution"},  # the compute thread, model runners, compiled steps, the background compiler
     {"engine"},  # continuous batching: requests and rows, speculation, events, text made on the output side
     {"serving"},  # the registry of served models, placement, model cards
-    {"features"},  # completion, chat, structured output, readouts (score, attention, fill-mask), inspect
+    {"features"},  # completion, chat, tool calls, structured output, readouts (score, attention, fill-mask), inspect
     {"api"},  # the FastAPI app: middleware, routers, schemas, the demo page
     {"__main__", "ray_serve", "cli"},
 ]
@@ -49,7 +49,7 @@ FOLDER_LAYERS = {
         {"core"},
     ],
     "serving": [{"placement", "model_card"}, {"registry"}],
-    "features": [{"completion", "readouts"}, {"constraints", "chat", "inspect"}],
+    "features": [{"completion", "readouts"}, {"constraints", "inspect"}, {"tools"}, {"chat"}],
     "api": [{"metrics"}, {"middleware", "schemas", "dependencies"}, {"routers"}, {"app"}],
 }
 MAX_TOP_MODULES = 10  # server/ itself holds the entry points and the base, the rest lives in its layers

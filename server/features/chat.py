@@ -16,7 +16,18 @@ from models.sampling import SamplingParams
 from server.config import Settings
 from server.errors import APIError
 from server.features.completion import CompletionJob, check_logit_bias, find_model, fit_prompt
+from server.features.constraints import Constraint
+from server.features.tools import CallFormat, ToolUse, call_format, check_tools, tool_constraint
 from server.serving.registry import ModelRegistry, ServedModel
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """A chat request ready to run: its job, and with tools the format its calls are read in and their grammar."""
+
+    job: CompletionJob
+    calls: CallFormat | None = None
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -65,24 +76,56 @@ def end_of_turn_ids(m: ServedModel, template: ChatTemplate) -> list[int]:
     return sorted(i for i in ids if 0 <= i < m.runner.facts.vocab_size)
 
 
-def render(template: ChatTemplate, messages: list[dict]) -> str:
+def conversation(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: content parts joined into text, an assistant's call arguments as
+    objects (templates write them with tojson, as transformers documents); a tool message answers a call made
+    before it."""
+    called: set[str] = set()
+    out = []
+    for i, m in enumerate(messages):
+        m = dict(m)
+        if isinstance(m.get("content"), list):
+            m["content"] = "".join(part["text"] for part in m["content"])
+        if m.get("tool_calls"):
+            calls = []
+            for j, call in enumerate(m["tool_calls"]):
+                try:
+                    arguments = json.loads(call["function"]["arguments"])
+                except ValueError:
+                    where = f"messages[{i}].tool_calls[{j}].function.arguments"
+                    raise APIError(422, f"{where}: not JSON", where) from None
+                calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+                called.add(call["id"])
+            m["tool_calls"] = calls
+        if m["role"] == "tool" and m.get("tool_call_id") not in called:
+            where, answered = f"messages[{i}].tool_call_id", m.get("tool_call_id")
+            raise APIError(422, f"{where}: {answered!r} answers no call an assistant message made before it", where)
+        out.append(m)
+    return out
+
+
+def render(template: ChatTemplate, messages: list[dict], tools: list[dict] | None = None) -> str:
     """The conversation as the prompt of the assistant's next turn (transformers' own renderer)."""
     from transformers.utils.chat_template_utils import render_jinja_template  # a slow import: at the first chat
 
     try:
-        rendered = render_jinja_template([messages], chat_template=template.source, add_generation_prompt=True,
-                                         **template.special)  # fmt: skip
+        rendered = render_jinja_template([conversation(messages)], tools=tools, chat_template=template.source,
+                                         add_generation_prompt=True, **template.special)  # fmt: skip
     except Exception as e:  # a template's own raise_exception(), or one that cannot render these messages
         raise APIError(422, f"messages: the model's chat template refused them ({e})", "messages") from None
     rendered = rendered[0] if isinstance(rendered, tuple) else rendered  # (texts, generation indices)
     return rendered[0] if isinstance(rendered, list) else rendered  # one conversation
 
 
-def prepare_chat(
-    registry: ModelRegistry, settings: Settings, model_id: str, messages: list[dict], request
-) -> CompletionJob:
-    """A chat request (its schema converts itself to sampling parameters) as a completion job."""
-    return prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings))
+def prepare_chat(registry: ModelRegistry, settings: Settings, model_id: str, messages: list[dict], request) -> ChatTurn:
+    """A chat request (its schema converts itself to sampling parameters, tools and a constraint) as a turn."""
+    tools = request.tool_use()
+    turn = prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings), tools)
+    if (c := request.constraint()) is not None:
+        if turn.constraint is not None:
+            raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
+        turn = replace(turn, constraint=c)
+    return turn
 
 
 def template_of(m: ServedModel) -> ChatTemplate:
@@ -96,21 +139,38 @@ def template_of(m: ServedModel) -> ChatTemplate:
 
 
 def prepare_chat_job(
-    registry: ModelRegistry, settings: Settings, model_id: str | None, messages: list[dict], params: SamplingParams
-) -> CompletionJob:
+    registry: ModelRegistry,
+    settings: Settings,
+    model_id: str | None,
+    messages: list[dict],
+    params: SamplingParams,
+    tools: ToolUse | None = None,
+) -> ChatTurn:
     """The rendered conversation as a completion job, checked as every prompt is; the reply ends at the
-    model's end-of-turn tokens."""
+    model's end-of-turn tokens. With tools (other than tool_choice none) the template renders them, and the
+    reply's calls are held to their schemas."""
     m = find_model(registry, model_id, "causal", "model")
     template = template_of(m)
     params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *end_of_turn_ids(m, template)}))
     check_logit_bias(m, params.logit_bias, "logit_bias")
-    text = render(template, messages)
+    calls = constraint = None
+    if tools is not None:
+        check_tools(tools.tools, tools.choice)
+    if tools is not None and tools.choice != "none":
+        calls = call_format(template.source, m.id)
+        constraint = tool_constraint(calls, tools.tools, tools.choice, tools.parallel, added_tokens(m))
+    text = render(template, messages, tools.tools if calls is not None else None)
     if len(text) > settings.max_prompt_chars:
         limit = settings.max_prompt_chars
         raise APIError(422, f"messages: the conversation is {len(text)} characters; the limit is {limit}", "messages")
     codec = m.runner.tokenizer
     ids = codec.encode(text)[len(codec.prefix) :]  # the template writes its own start tokens
-    return CompletionJob(m, fit_prompt(m, ids, settings, None, "messages"), params)
+    return ChatTurn(CompletionJob(m, fit_prompt(m, ids, settings, None, "messages"), params), calls, constraint)
+
+
+def added_tokens(m: ServedModel) -> set[str]:
+    """The texts of the vocabulary's added tokens (a call marker among them is named as a token in a grammar)."""
+    return {t.content for t in m.runner.tokenizer.tokenizer.get_added_tokens_decoder().values()}
 
 
 def chats(m: ServedModel) -> bool:
