@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     grammar_compile_timeout_s: float = Field(
         10.0, gt=0, description="structured output: a schema, regex or grammar that compiles longer is refused (4xx)"
     )
+    responses_kept: int = Field(
+        1_000, ge=0, description="/v1/responses: stored responses kept in memory for previous_response_id, at most"
+    )
+    responses_kept_mb: float = Field(64.0, ge=0, description="/v1/responses: and at most this many MB of them")
     truncate_prompt: bool = Field(
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )

@@ -184,3 +184,23 @@ def run_together(engine, prompts: list[list[int]], params: SamplingParams) -> li
         results.append(([e.id for e in events], [e.logprob for e in events], event.reason))
     engine.stop()
     return results
+
+
+@pytest.fixture(scope="session")
+def tools_client(tmp_path_factory):
+    """One app over the tiny tool-calling Llamas (tests/tool_models.py: Hermes, Llama 3 and no-tools templates), for
+    tests/test_tools_api.py and tests/test_responses_api.py."""
+    from fastapi.testclient import TestClient
+
+    from model_store.ingest import add_checkpoint
+    from server.api.app import create_app
+    from server.config import Settings
+    from tests.tool_models import HERMES_TEMPLATE, LLAMA3_TEMPLATE, PLAIN_TEMPLATE, save_tool_model
+
+    root = tmp_path_factory.mktemp("tools")
+    for name, template, eos in [("tiny-hermes", HERMES_TEMPLATE, "<|im_end|>"), ("tiny-llama3", LLAMA3_TEMPLATE,
+                                "<|eot_id|>"), ("tiny-plain", PLAIN_TEMPLATE, "<|im_end|>")]:  # fmt: skip
+        save_tool_model(root / "src" / name, template, eos)
+        add_checkpoint(root / "src" / name, name, root / "store")
+    with TestClient(create_app(Settings(store=root / "store", dtype="float32", max_new_tokens_cap=200))) as c:
+        yield c

@@ -49,7 +49,7 @@ FOLDER_LAYERS = {
         {"core"},
     ],
     "serving": [{"placement", "model_card"}, {"registry"}],
-    "features": [{"completion", "readouts"}, {"constraints", "inspect"}, {"tools"}, {"chat"}],
+    "features": [{"completion", "readouts"}, {"constraints", "inspect"}, {"tools"}, {"chat", "responses"}],
     "api": [{"metrics"}, {"middleware", "schemas", "dependencies"}, {"routers"}, {"app"}],
 }
 MAX_TOP_MODULES = 10  # server/ itself holds the entry points and the base, the rest lives in its layers

@@ -1,4 +1,4 @@
-"""Tool calling in /v1/chat/completions through the `openai` client and LangChain, on tiny random Llamas whose
+"""Tool calling in /v1/chat/completions through the `openai` tools_client and LangChain, on tiny random Llamas whose
 templates (tests/tool_models.py) teach Hermes `<tool_call>` blocks or Llama 3's JSON: every call parses and
 validates, streamed or not; content given as parts; bad tools refused by name."""
 
@@ -7,13 +7,8 @@ from typing import Literal
 
 import jsonschema
 import pytest
-from fastapi.testclient import TestClient
 
-from model_store.ingest import add_checkpoint
-from server.api.app import create_app
-from server.config import Settings
 from tests.test_chat import openai_client
-from tests.tool_models import HERMES_TEMPLATE, LLAMA3_TEMPLATE, PLAIN_TEMPLATE, save_tool_model
 
 WEATHER = {
     "type": "object",
@@ -30,25 +25,14 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tools")
-    for name, template, eos in [("tiny-hermes", HERMES_TEMPLATE, "<|im_end|>"), ("tiny-llama3", LLAMA3_TEMPLATE,
-                                "<|eot_id|>"), ("tiny-plain", PLAIN_TEMPLATE, "<|im_end|>")]:  # fmt: skip
-        save_tool_model(root / "src" / name, template, eos)
-        add_checkpoint(root / "src" / name, name, root / "store")
-    with TestClient(create_app(Settings(store=root / "store", dtype="float32", max_new_tokens_cap=200))) as c:
-        yield c
-
-
 def valid(call) -> bool:
     schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
     jsonschema.validate(json.loads(call.function.arguments), schema)
     return True
 
 
-def test_with_tool_choice_required_every_sampled_call_parses_and_validates(client):
-    api = openai_client(client)
+def test_with_tool_choice_required_every_sampled_call_parses_and_validates(tools_client):
+    api = openai_client(tools_client)
     for seed in range(20):
         out = api.chat.completions.create(model="tiny-hermes", messages=ASK, tools=TOOLS, tool_choice="required",
                                           parallel_tool_calls=False, temperature=1.0, seed=seed)  # fmt: skip
@@ -59,8 +43,8 @@ def test_with_tool_choice_required_every_sampled_call_parses_and_validates(clien
         assert choice.message.content is None
 
 
-def test_a_named_function_is_the_one_called_in_either_format(client):
-    api = openai_client(client)
+def test_a_named_function_is_the_one_called_in_either_format(tools_client):
+    api = openai_client(tools_client)
     for model in ("tiny-hermes", "tiny-llama3"):
         named = {"type": "function", "function": {"name": "get_weather"}}
         out = api.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=1.0, seed=3,
@@ -70,10 +54,10 @@ def test_a_named_function_is_the_one_called_in_either_format(client):
         assert {c.function.name for c in calls} == {"get_weather"}
 
 
-def test_with_auto_a_call_the_model_opens_is_completed_under_the_schema(client):
+def test_with_auto_a_call_the_model_opens_is_completed_under_the_schema(tools_client):
     """The marker forced by logit_bias: from there on the grammar holds the call to a tool's schema."""
-    api = openai_client(client)
-    marker = client.post("/tokenize", json={"model": "tiny-hermes", "prompt": "<tool_call>"}).json()["tokens"]
+    api = openai_client(tools_client)
+    marker = tools_client.post("/tokenize", json={"model": "tiny-hermes", "prompt": "<tool_call>"}).json()["tokens"]
     assert len(marker) == 1  # an added token
     free = api.chat.completions.create(model="tiny-hermes", messages=ASK, tools=TOOLS, temperature=0, max_tokens=20)
     assert free.choices[0].message.tool_calls is None and free.choices[0].finish_reason in ("stop", "length")
@@ -84,8 +68,8 @@ def test_with_auto_a_call_the_model_opens_is_completed_under_the_schema(client):
         assert out.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and valid(calls[0])
 
 
-def test_streamed_calls_reassemble_to_the_unstreamed_ones(client):
-    api = openai_client(client)
+def test_streamed_calls_reassemble_to_the_unstreamed_ones(tools_client):
+    api = openai_client(tools_client)
     for model in ("tiny-hermes", "tiny-llama3"):
         kwargs = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=7)
         whole = api.chat.completions.create(**kwargs).choices[0]
@@ -103,8 +87,8 @@ def test_streamed_calls_reassemble_to_the_unstreamed_ones(client):
         assert [calls[i] for i in sorted(calls)] == want and reasons[-1] == "tool_calls"
 
 
-def test_a_two_turn_tool_loop_renders_the_call_and_its_result_back(client):
-    api = openai_client(client)
+def test_a_two_turn_tool_loop_renders_the_call_and_its_result_back(tools_client):
+    api = openai_client(tools_client)
     first = api.chat.completions.create(model="tiny-hermes", messages=ASK, tools=TOOLS, tool_choice="required",
                                         parallel_tool_calls=False, temperature=0)  # fmt: skip
     call = first.choices[0].message.tool_calls[0]
@@ -117,18 +101,19 @@ def test_a_two_turn_tool_loop_renders_the_call_and_its_result_back(client):
     from server.features.chat import prepare_chat
 
     body = ChatCompletionRequest(model="tiny-hermes", messages=history, tools=TOOLS)
-    turn = prepare_chat(client.app.state.registry, client.app.state.settings, "tiny-hermes", body.model_dump(
-        exclude_none=True)["messages"], body)  # fmt: skip
-    prompt = client.post("/detokenize", json={"model": "tiny-hermes", "tokens": turn.job.prompt_ids}).json()
+    state = tools_client.app.state
+    turn = prepare_chat(state.registry, state.settings, "tiny-hermes", body.model_dump(exclude_none=True)["messages"],
+                        body)  # fmt: skip
+    prompt = tools_client.post("/detokenize", json={"model": "tiny-hermes", "tokens": turn.job.prompt_ids}).json()
     text = prompt.get("text", prompt.get("prompt", ""))
     assert f'"name": "{call.function.name}", "arguments": {call.function.arguments}' in text
     assert "<tool_response>\nSunny, 21 C\n</tool_response>" in text and '"get_weather"' in text  # the tools too
 
 
-def test_content_given_as_text_parts_is_the_same_prompt(client):
+def test_content_given_as_text_parts_is_the_same_prompt(tools_client):
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "it?"}]}]
     plain = [{"role": "user", "content": "What is it?"}]
-    got = [client.post("/v1/chat/completions", json={"model": "tiny-hermes", "messages": m, "max_tokens": 4,
+    got = [tools_client.post("/v1/chat/completions", json={"model": "tiny-hermes", "messages": m, "max_tokens": 4,
                                                      "temperature": 0}).json() for m in (parts, plain)]  # fmt: skip
     assert got[0]["usage"] == got[1]["usage"] and got[0]["choices"] == got[1]["choices"]
 
@@ -146,14 +131,14 @@ def test_content_given_as_text_parts_is_the_same_prompt(client):
         ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )  # fmt: skip
-def test_bad_tool_requests_are_4xx_naming_the_field(client, change, field):
+def test_bad_tool_requests_are_4xx_naming_the_field(tools_client, change, field):
     body = {"model": "tiny-hermes", "messages": ASK, **change}
-    r = client.post("/v1/chat/completions", json=body)
+    r = tools_client.post("/v1/chat/completions", json=body)
     assert 400 <= r.status_code < 500, r.text
     assert field in r.text
 
 
-def test_a_langchain_agent_calls_a_tool_and_answers(client):
+def test_a_langchain_agent_calls_a_tool_and_answers(tools_client):
     """LangChain's ChatOpenAI with bind_tools, unchanged: the model's call runs the tool, whose result goes back."""
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
@@ -167,8 +152,8 @@ def test_a_langchain_agent_calls_a_tool_and_answers(client):
         ran.append(city)
         return f"Sunny in {city}"
 
-    llm = ChatOpenAI(model="tiny-hermes", base_url=f"{client.base_url}/v1", api_key="unused", http_client=client,
-                     temperature=0, max_tokens=200)  # fmt: skip
+    llm = ChatOpenAI(model="tiny-hermes", base_url=f"{tools_client.base_url}/v1", api_key="unused",
+                     http_client=tools_client, temperature=0, max_tokens=200)  # fmt: skip
     agent = llm.bind_tools([get_weather], tool_choice="get_weather")
     messages = [HumanMessage("What is the weather in Paris?")]
     reply = agent.invoke(messages)

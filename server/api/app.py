@@ -12,9 +12,10 @@ from fastapi.staticfiles import StaticFiles
 
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit, RequestMetrics
-from server.api.routers import chat, completions, demo, generate, inspect, models, readouts, tokens
+from server.api.routers import chat, completions, demo, generate, inspect, models, readouts, responses, tokens
 from server.config import Settings
 from server.errors import install_error_handlers
+from server.features.responses import ResponseStore
 from server.serving.registry import ModelRegistry
 
 log = logging.getLogger("tinyserve")
@@ -43,12 +44,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings, app.state.registry, app.state.ready = settings, registry, False
+    app.state.responses = ResponseStore(settings.responses_kept, settings.responses_kept_mb)
     app.state.metrics = metrics = Metrics(lambda: registry.models)
     install_error_handlers(app)
     app.include_router(models.router)
     app.include_router(generate.router)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     app.include_router(tokens.router)
     app.include_router(readouts.router)
     app.include_router(inspect.router)

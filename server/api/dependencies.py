@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.config import Settings
+from server.features.responses import ResponseStore
 from server.serving.registry import ModelRegistry
 
 
@@ -19,5 +20,10 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_responses(request: Request) -> ResponseStore:
+    return request.app.state.responses
+
+
 Registry = Annotated[ModelRegistry, Depends(get_registry)]
+Responses = Annotated[ResponseStore, Depends(get_responses)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
