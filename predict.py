@@ -17,7 +17,7 @@ from cog import BasePredictor, ConcatenateIterator, Input, streaming
 from pydantic import ValidationError
 
 from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE, MIN_POSITIVE
-from server.api.schemas.chat import ChatMessage
+from server.api.schemas.chat import ChatMessage, FunctionTool
 from server.api.schemas.generation import NEVER, GenerateParameters
 from server.api.schemas.inspect import AblateRequest, LogitLensRequest, PatchRequest
 from server.config import Settings, default
@@ -28,6 +28,7 @@ from server.features.chat import prepare_chat_job
 from server.features.completion import fill_mask_models, find_model, prepare_completion, stream_sync
 from server.features.constraints import Constraint, constrained
 from server.features.readouts import attention, attention_png, fill_mask
+from server.features.tools import ToolUse
 from server.serving.registry import ModelRegistry
 
 AUTO = "auto"
@@ -113,6 +114,14 @@ class Predictor(BasePredictor):
             default="", max_length=100_000, description="complete: output valid for this JSON schema."
         ),
         regex: str = Input(default="", max_length=10_000, description="complete: output matching this regex in full."),
+        tools: str = Input(
+            default="",
+            max_length=100_000,
+            description='complete with messages: OpenAI function tools as JSON, [{"type": "function", "function": '
+            '{"name", "parameters"}}]; the output is then one item, the assistant message as JSON '
+            "({content, tool_calls}).",
+        ),
+        tool_choice: str = Input(default="auto", description="with tools: auto, none, required, or a function's name."),
     ) -> ConcatenateIterator[str]:
         try:
             if task == "complete":
@@ -130,7 +139,8 @@ class Predictor(BasePredictor):
                     eos_bias_decay=None if eos_bias_decay >= 1.0 else eos_bias_decay,
                     min_new_tokens=min_new_tokens,
                 )
-                yield from self._complete(parameters, prompt, messages, json_schema, regex)
+                use = self._tool_use(tools, tool_choice) if tools else None
+                yield from self._complete(parameters, prompt, messages, json_schema, regex, use)
             elif task == "fill-mask":
                 yield from self._fill_mask(model, prompt, top_n)
             elif task in INSPECT:
@@ -141,29 +151,51 @@ class Predictor(BasePredictor):
         except APIError as e:
             raise ValueError(e.message) from None  # cog reports it as the failure
         except json.JSONDecodeError as e:
-            raise ValueError(f"{'messages' if messages else 'heads'}: not JSON ({e})") from None
+            raise ValueError(f"{'heads' if task in INSPECT else 'messages or tools'}: not JSON ({e})") from None
         except ValidationError as e:  # the same request rules as the HTTP API
             raise ValueError(
                 "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
             ) from None
 
+    @staticmethod
+    def _tool_use(tools: str, choice: str) -> ToolUse:
+        parsed = json.loads(tools)
+        if not isinstance(parsed, list):
+            raise APIError(422, "tools: a JSON list of function tools", "tools")
+        listed = [FunctionTool.model_validate(t).model_dump(exclude_none=True) for t in parsed]
+        return ToolUse(listed, choice, parallel=True)
+
     def _complete(
-        self, parameters: GenerateParameters, prompt: str, messages: str, json_schema: str, regex: str
-    ) -> Iterator[str]:
+        self, parameters: GenerateParameters, prompt: str, messages: str, json_schema: str, regex: str,
+        tools: ToolUse | None,
+    ) -> Iterator[str]:  # fmt: skip
         params = parameters.to_sampling_params(self.settings)
+        turn = None
         if messages:
             parsed = json.loads(messages)
             if not isinstance(parsed, list):
                 raise APIError(422, "messages: a JSON list of {role, content}", "messages")
             conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parsed]
-            job = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params).job
+            turn = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params, tools)
+            job = turn.job
+        elif tools is not None:
+            raise APIError(422, "tools: only with messages", "tools")
         else:
             job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
         if json_schema and regex:
             raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
-        if json_schema or regex:
-            c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
-            job = constrained(job, c, self.settings)
+        c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
+        if (json_schema or regex) and turn is not None and turn.constraint is not None:
+            raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
+        if json_schema or regex or (turn is not None and turn.constraint is not None):
+            job = constrained(job, c if json_schema or regex else turn.constraint, self.settings)
+        if turn is not None and turn.calls is not None:  # one item: the message, its calls read out
+            text = next(e.text for e in stream_sync(job, self.settings) if isinstance(e, FinishEvent))
+            content, calls = turn.calls.parse(text)
+            found = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                     for c in calls]  # fmt: skip
+            yield json.dumps({"role": "assistant", "content": content, "tool_calls": found})
+            return
         for event in stream_sync(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:

@@ -12,11 +12,14 @@ import time
 import httpx
 import pytest
 
+from model_store.ingest import add_checkpoint
 from model_store.store import write_checkpoint
 from models.tokenizer import eos_id
 from scripts.cog_predict import SCHEMA_PATH, free_port, parse_inputs, predict_stream, start_server, wait_ready
 from scripts.cog_schema import build
 from tests.conftest import tiny_gpt
+from tests.test_tools_api import TOOLS, WEATHER
+from tests.tool_models import HERMES_TEMPLATE, save_tool_model
 
 
 def test_committed_schema_is_what_the_inspector_gives():
@@ -51,6 +54,9 @@ def cog_store(store, tmp_path_factory, tiny_tokenizer):
     write_checkpoint(root / "tiny-gpt", model, tiny_tokenizer, card="# tiny gpt\n", metrics={})
     for variant in ("softmax0", "softmax1"):
         shutil.copytree(store / f"tiny-mlm-{variant}", root / f"tiny-mlm-{variant}")
+    source = tmp_path_factory.mktemp("cog-src") / "tiny-hermes"
+    save_tool_model(source, HERMES_TEMPLATE, "<|im_end|>")  # a chat model that calls tools
+    add_checkpoint(source, "tiny-hermes", root)
     return root
 
 
@@ -243,3 +249,31 @@ def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monke
         body = {"inputs": "The castle", "parameters": {"max_new_tokens": 8, "details": True}}
         generated = client.post("/generate", json=body).json()["details"]["generated_tokens"]
     assert (text == "") == ends_at_once and (generated == 0) == ends_at_once
+
+
+def test_a_chat_with_tools_gives_the_assistant_message_with_its_calls(cog_store, monkeypatch):
+    """The predictor in process (its model input lists the shipped models only): one item, the message as JSON."""
+    import inspect
+
+    import jsonschema
+
+    from predict import Predictor
+
+    for name, value in (("STORE", cog_store), ("COMPILE_MODELS", "false")):
+        monkeypatch.setenv(f"TINYSERVE_{name}", str(value))
+    inputs = {n: p.default.default for n, p in inspect.signature(Predictor.predict).parameters.items() if n != "self"}
+    messages = json.dumps([{"role": "user", "content": "Weather in Paris?"}])
+    inputs |= dict(model="tiny-hermes", messages=messages, tools=json.dumps(TOOLS), temperature=1.0, seed=4)
+    predictor = Predictor()
+    predictor.setup()
+    try:
+        [item] = list(predictor.predict(**{**inputs, "tool_choice": "get_weather"}))
+        with pytest.raises(ValueError, match="tool_choice"):
+            list(predictor.predict(**{**inputs, "tool_choice": "missing"}))
+        with pytest.raises(ValueError, match="tools: only with messages"):
+            list(predictor.predict(**{**inputs, "messages": ""}))
+    finally:
+        predictor.registry.stop()
+    [call] = json.loads(item)["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
