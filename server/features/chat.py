@@ -147,8 +147,8 @@ def prepare_chat_job(
     tools: ToolUse | None = None,
 ) -> ChatTurn:
     """The rendered conversation as a completion job, checked as every prompt is; the reply ends at the
-    model's end-of-turn tokens. With tools (other than tool_choice none) the template renders them, and the
-    reply's calls are held to their schemas."""
+    model's end-of-turn tokens. With tools the template renders them (tool_choice none too, as OpenAI and vLLM
+    do) and, unless tool_choice is none, the reply's calls are held to their schemas and read out of it."""
     m = find_model(registry, model_id, "causal", "model")
     template = template_of(m)
     params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *end_of_turn_ids(m, template)}))
@@ -159,7 +159,7 @@ def prepare_chat_job(
     if tools is not None and tools.choice != "none":
         calls = call_format(template.source, m.id)
         constraint = tool_constraint(calls, tools.tools, tools.choice, tools.parallel, added_tokens(m))
-    text = render(template, messages, tools.tools if calls is not None else None)
+    text = render(template, messages, tools.tools if tools is not None else None)
     if len(text) > settings.max_prompt_chars:
         limit = settings.max_prompt_chars
         raise APIError(422, f"messages: the conversation is {len(text)} characters; the limit is {limit}", "messages")
