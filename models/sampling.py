@@ -67,6 +67,7 @@ class SequenceState:
     generated: int
     generator: torch.Generator | None = None  # only where the request gave a seed
     matcher: object | None = None  # this sequence's copy of the constraint, advanced token by token
+    consumed_ahead: int = 0  # tokens the matcher took when drawn (a multi-step run), not yet recorded here
 
     def __post_init__(self) -> None:
         if self.params.constraint is not None and self.matcher is None:
@@ -78,7 +79,19 @@ class SequenceState:
         self.generated += 1
         if self.matcher is None:
             return False
+        if self.consumed_ahead:  # its state is the run's last token's: only that one may end the sequence
+            self.consumed_ahead -= 1
+            if self.consumed_ahead:
+                return False
+        else:
+            self.matcher.consume_token(token)
+        return self.matcher.is_stopped() or self.matcher.is_error()
+
+    def consume_ahead(self, token: int) -> bool:
+        """A token of a multi-step run into the constraint at once, so that the next step's mask follows it (advance
+        records it later); True when the constraint is complete (or broken): the run stops there."""
         self.matcher.consume_token(token)
+        self.consumed_ahead += 1
         return self.matcher.is_stopped() or self.matcher.is_error()
 
     def allowed_next(self, vocab_size: int) -> np.ndarray | None:

@@ -41,6 +41,24 @@ def test_steps_back_to_back_give_the_tokens_of_a_schedule_every_step(model, tiny
     assert eight.stats.decode_steps == one.stats.decode_steps  # none run past a row's end
 
 
+def test_constrained_rows_run_back_to_back_to_the_tokens_of_a_schedule_every_step(model, tiny_tokenizer):
+    """A grammar's mask follows each token of a multi-step run, and the run ends where the grammar does."""
+    from llguidance import LLMatcher, LLTokenizer
+
+    vocabulary = LLTokenizer(tiny_tokenizer.to_str(), n_vocab=model.config.vocab_size, eos_token=0)
+    grammars = ['start: "the " WORD " was " WORD\nWORD: /[a-z]{2,12}/', 'start: /[a-z ]{40,60}/']
+    prompts = [tiny_tokenizer.encode(t).ids for t in ("The castle was built in", "River", "A short one")]
+    for grammar in grammars:
+        params = SamplingParams(max_new_tokens=40, constraint=LLMatcher(vocabulary, LLMatcher.grammar_from_lark(
+            grammar)), **FREE)  # fmt: skip
+        one = engine(model, tiny_tokenizer, 1)
+        expected = run_together(one, prompts, params)
+        eight = engine(model, tiny_tokenizer, 8)
+        assert run_together(eight, prompts, params) == expected
+        assert eight.stats.decode_steps == one.stats.decode_steps  # none run past a row's end
+        assert {reason for _, _, reason in expected} == {"eos_token"}  # complete grammars, before 40 tokens
+
+
 def test_a_row_that_ends_ends_the_steps(model, tiny_tokenizer):
     ids = tiny_tokenizer.encode("The castle was built in").ids
     free = run_together(engine(model, tiny_tokenizer, 1), [ids], SamplingParams(max_new_tokens=20, **FREE))[0][0]
@@ -133,15 +151,16 @@ class AnyToken:
 
 
 def test_one_step_a_schedule_where_the_engine_chooses_the_token(model, tiny_tokenizer):
-    """Sampled rows, constrained rows and rows with stop sequences need the engine between two steps; greedy
-    rows run up to steps_per_schedule steps, no more than their max_new_tokens leave."""
+    """Sampled rows and rows with stop sequences need the engine between two steps; greedy rows, constrained ones
+    too (their mask follows each token), run up to steps_per_schedule steps, no more than their max_new_tokens
+    leave."""
     ids = tiny_tokenizer.encode("The castle was built in").ids
     cases = [
         (SamplingParams(max_new_tokens=30, **FREE), 8),
         (SamplingParams(max_new_tokens=4, **FREE), 3),  # the prefill drew the first of its 4
         (SamplingParams(max_new_tokens=30, temperature=1.0, seed=0, eos_bias=float("-inf")), 1),
         (SamplingParams(max_new_tokens=30, stop=["zzz"], **FREE), 1),
-        (SamplingParams(max_new_tokens=30, constraint=AnyToken(), **FREE), 1),
+        (SamplingParams(max_new_tokens=30, constraint=AnyToken(), **FREE), 8),
     ]
     for params, steps in cases:
         eng = engine(model, tiny_tokenizer, 8)

@@ -220,12 +220,12 @@ class GenerationEngine:
 
     def _steps_ahead(self, running: list[RunningRow], admitted: list[GenerationRequest]) -> int:
         """Tokens a row makes before the next schedule: 1 unless no request waits or was admitted (its prefill should
-        not wait) and every row is greedy without a constraint (its next token needs no Python) or stop sequences
-        (found on the output side, a step behind); then up to `steps_per_schedule`, no more than a row has left (vLLM's
-        multi-step scheduling)."""
+        not wait) and every row is greedy (its next token chosen on the step's graph, a constraint's mask an input
+        that follows the tokens as they come: RunningRow.take) without stop sequences (found on the output side, a
+        step behind); then up to `steps_per_schedule`, no more than a row has left (vLLM's multi-step scheduling)."""
         if self.steps_per_schedule == 1 or self._waiting or admitted:
             return 1
-        if not all(r.req.params.greedy and r.sampling.matcher is None and not r.req.params.stop for r in running):
+        if not all(r.req.params.greedy and not r.req.params.stop for r in running):
             return 1
         return min(self.steps_per_schedule, min(row.max_new - row.generated for row in running))
 
@@ -251,8 +251,8 @@ class GenerationEngine:
 
     def _verified(self, running: list[RunningRow], ahead: int, budget: int) -> list[list[tuple[int, float]]] | None:
         """A lone row's next tokens from one draft check (speculation.py), at most `budget`; None: decode."""
-        if len(running) != 1 or not self.draft_tokens or budget < 2:
-            return None
+        if len(running) != 1 or not self.draft_tokens or budget < 2 or running[0].sampling.matcher is not None:
+            return None  # a constrained row's drafts would be checked without its mask
         row, bias = running[0], running[0].sampling.eos_logit_bias
         limit = min(self.draft_tokens, budget - 1)
         lookup, tokens = row.lookup()

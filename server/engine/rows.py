@@ -84,12 +84,15 @@ class RunningRow:
         return len(self.tokens) - 1
 
     def take(self, made: list[tuple[int, float]], ends: set[int]) -> bool:
-        """A greedy pass's (token, logprob) pairs as draws, up to an end token (the pass's tokens after it are
-        dropped); whether one came."""
+        """A greedy pass's (token, logprob) pairs as draws, up to an end token or the end of the row's constraint
+        (the pass's tokens after it are dropped); whether one came. The constraint takes each token at once: the
+        next step's mask is its next state."""
         for token, logprob in made:
             self.draws.append(greedy_draw(self, token, logprob))
             if token in ends:
                 return True
+            if self.sampling.matcher is not None and self.sampling.consume_ahead(token):
+                return True  # the constraint is complete: nothing may follow
         return False
 
     def lookup(self) -> tuple[PromptLookup, list[int]]:

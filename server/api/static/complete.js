@@ -80,12 +80,14 @@ function addTurn(role, content) {
   return text;
 }
 
-/** The message typed as the user's turn, and the model's reply streamed into the conversation. */
+/** The message typed as the user's turn (or as the result of the call it answers), and the model's reply
+ * streamed into the conversation; a call the reply makes is shown, and the next message answers it. */
 async function chatTurn() {
   const { body } = REQUESTS.complete();
   const message = body.messages[body.messages.length - 1];
-  const asked = addTurn("user", message.content);
+  const asked = addTurn(message.role, message.content);
   const reply = addTurn("assistant", "");
+  const calls = [];
   $("prompt").value = "";
   const untold = () => { // a failed turn leaves the conversation as it was, the message back in its box
     asked.parentElement.remove();
@@ -100,10 +102,21 @@ async function chatTurn() {
         reply.textContent += choice.delta.content;
         token();
       }
+      for (const call of choice.delta.tool_calls || []) { // each call comes whole, once it parses
+        calls.push({ id: call.id, type: "function", function: call.function });
+        const shown = document.createElement("span");
+        shown.className = "call";
+        shown.textContent = `${call.function.name}(${call.function.arguments})`;
+        reply.parentElement.append(shown);
+        token();
+      }
       if (choice.finish_reason) $("finish-reason").textContent = choice.finish_reason;
     }
   }).catch((err) => { untold(); throw err; });
-  conversation.messages.push(message, { role: "assistant", content: reply.textContent });
+  const said = { role: "assistant", content: reply.textContent || null };
+  conversation.messages.push(message, calls.length ? { ...said, tool_calls: calls } : said);
+  conversation.pendingCall = calls[0] || null;
+  $("prompt-label").textContent = calls.length ? `Result of ${calls[0].function.name}` : "Message";
 }
 
 export function generate() {
@@ -117,11 +130,15 @@ export function showChatView() {
   const on = can && $("chat-mode").checked;
   $("chat-log").hidden = !on;
   $("chat-clear").hidden = !on;
+  $("tools-box").hidden = !on;
   $("completion").hidden = on;
-  $("prompt-label").textContent = on ? "Message" : "Prompt";
+  const call = conversation.pendingCall;
+  $("prompt-label").textContent = !on ? "Prompt" : call ? `Result of ${call.function.name}` : "Message";
 }
 
 export function clearConversation() {
   conversation.messages = [];
+  conversation.pendingCall = null;
+  showChatView();
   $("chat-log").replaceChildren();
 }

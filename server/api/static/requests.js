@@ -4,7 +4,8 @@
 import { $ } from "./api.js";
 
 export const served = { models: [] }; // GET /models' data, once loaded
-export const conversation = { messages: [] }; // the chat view's turns so far, {role, content}
+// the chat view's turns so far ({role, content}, an assistant's tool_calls), and the call the next message answers
+export const conversation = { messages: [], pendingCall: null };
 
 /** Each tab's inputs: the key in a shared link -> the form element's id. */
 export const FIELDS = {
@@ -52,9 +53,18 @@ function samplingFields(temperature) {
  * streams the same body with `stream: true`. */
 export function chatRequest() {
   const temperature = num("temperature");
-  const messages = [...conversation.messages, { role: "user", content: $("prompt").value }];
+  const call = conversation.pendingCall;
+  const typed = call ? { role: "tool", tool_call_id: call.id, content: $("prompt").value }
+    : { role: "user", content: $("prompt").value };
+  const messages = [...conversation.messages, typed];
   const body = { model: $("gen-model").value, messages, max_tokens: num("max_new_tokens"), temperature,
     ...samplingFields(temperature) };
+  const tools = $("chat-tools").value.trim();
+  if (tools) { // sent as typed: a list that is not JSON is the server's 4xx to show
+    try { body.tools = JSON.parse(tools); } catch { body.tools = tools; }
+    body.tool_choice = $("tool-choice").value;
+    body.parallel_tool_calls = false; // the page answers one call at a time
+  }
   const grammar = grammarField();
   if (grammar && grammar.type === "json") {
     body.response_format = { type: "json_schema", json_schema: { name: "constrain", schema: grammar.value } };
