@@ -12,7 +12,12 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def server(chat_store):  # noqa: F811 (the page fixture's server: the chat store)
+def server(chat_store):  # noqa: F811 (the page fixture's server: the chat store, and a model that calls tools)
+    from model_store.ingest import add_checkpoint
+    from tests.tool_models import HERMES_TEMPLATE, save_tool_model
+
+    save_tool_model(chat_store / "src" / "tiny-hermes", HERMES_TEMPLATE, "<|im_end|>")
+    add_checkpoint(chat_store / "src" / "tiny-hermes", "tiny-hermes", chat_store / "store")
     with http_server(chat_store / "store", api_token=TOKEN, dtype="float32") as (base, _):
         yield base
 
@@ -67,3 +72,37 @@ def test_a_failed_turn_leaves_the_conversation_as_it_was(page):  # noqa: F811
     page.wait_for_function("document.querySelector('#finish-reason').textContent === 'error'", timeout=30_000)
     assert "structured_outputs.regex" in page.text_content("#error")
     assert page.locator("#chat-log .turn").count() == 0 and page.input_value("#prompt") == "w7"
+
+
+def test_a_tool_call_is_shown_and_the_next_message_answers_it(page, tmp_path):  # noqa: F811
+    import json
+
+    from tests.test_tools_api import TOOLS
+
+    page.select_option("#gen-model", "tiny-hermes")
+    assert page.is_hidden("#tools-box")  # tools belong to the chat view
+    page.check("#chat-mode")
+    assert page.is_visible("#tools-box")
+    page.fill("#chat-tools", json.dumps(TOOLS))
+    page.select_option("#tool-choice", "required")
+    page.fill("#temperature", "0")
+    page.fill("#max_new_tokens", "200")
+    page.fill("#prompt", "Weather in Paris?")
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#finish-reason').textContent === 'tool_calls'", timeout=30_000)
+    call = page.text_content("#chat-log .turn.assistant .call")
+    name, arguments = call.split("(", 1)
+    assert name in ("get_weather", "now") and json.loads(arguments[:-1]) is not None
+    assert page.text_content("#prompt-label") == f"Result of {name}"
+    page.select_option("#tool-choice", "none")
+    page.fill("#max_new_tokens", "4")
+    page.fill("#prompt", "Sunny, 21 C")
+    assert '"tool_call_id"' in snippet(page, "curl") and '"tool_calls"' in snippet(page, "curl")
+    assert "tool_choice=none" in snippet(page, "cog")
+    page.click("#generate")
+    page.wait_for_function(
+        "['stop', 'length'].includes(document.querySelector('#finish-reason').textContent)", timeout=30_000
+    )
+    assert page.text_content("#chat-log .turn.tool .content") == "Sunny, 21 C"
+    assert page.locator("#chat-log .turn").count() == 4 and page.text_content("#prompt-label") == "Message"
+    shot(page, "chat-tools", tmp_path)

@@ -101,6 +101,7 @@ function cogSnippet(tab, { body }) {
     for (const k of ["top_k", "top_p", "seed", "eos_bias", "eos_bias_decay"]) if (body[k] !== undefined) inputs.push([k, body[k]]);
     if (body.response_format) inputs.push(["json_schema", JSON.stringify(body.response_format.json_schema.schema)]);
     if (body.structured_outputs) inputs.push(["regex", body.structured_outputs.regex]);
+    if (body.tools) inputs.push(["tools", JSON.stringify(body.tools)], ["tool_choice", body.tool_choice]);
   } else if (tab === "complete") {
     const p = body.parameters;
     inputs.push(["prompt", body.inputs], ["model", p.model], ["max_new_tokens", p.max_new_tokens],
