@@ -81,7 +81,7 @@ def test_unknown_or_unstored_responses_are_404s_naming_the_field(tools_client):
     [
         ({"input": [{"type": "image", "url": "x"}]}, "input[0].type"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}]}, "tools[0].parameters"),
         ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
         ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "x"}]}, "tool_call_id"),

@@ -155,7 +155,7 @@ def prepare_chat_job(
     check_logit_bias(m, params.logit_bias, "logit_bias")
     calls = constraint = None
     if tools is not None:
-        check_tools(tools.tools, tools.choice)
+        check_tools(tools)
     if tools is not None and tools.choice != "none":
         calls = call_format(template.source, m.id)
         constraint = tool_constraint(calls, tools.tools, tools.choice, tools.parallel, added_tokens(m))

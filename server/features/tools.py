@@ -32,6 +32,7 @@ class ToolUse:
     tools: list[dict]
     choice: Choice
     parallel: bool
+    nested: bool = True  # each tool's fields under "function" (chat completions), or flat (the Responses API)
 
 
 @dataclass(frozen=True)
@@ -160,21 +161,23 @@ def tool_constraint(fmt: CallFormat, tools: list[dict], choice: Choice, parallel
     return Constraint("lark", tool_grammar(fmt, tools, choice, parallel, single_tokens), "tools")
 
 
-def check_tools(tools: list[dict], choice: Choice) -> None:
-    """Each tool's parameters a JSON schema llguidance compiles, names distinct, a named choice one of them."""
+def check_tools(use: ToolUse) -> None:
+    """Each tool's parameters a JSON schema llguidance compiles, names distinct, a named choice one of them; a
+    failure names the field as the request gave it."""
     from llguidance import LLMatcher
 
+    tools, choice, inner = use.tools, use.choice, "function." if use.nested else ""
     names = [t["function"]["name"] for t in tools]
     for i, t in enumerate(tools):
         if names.index(t["function"]["name"]) != i:
-            raise APIError(422, f"tools[{i}].function.name: {names[i]!r} is given twice", f"tools[{i}].function.name")
+            raise APIError(422, f"tools[{i}].{inner}name: {names[i]!r} is given twice", f"tools[{i}].{inner}name")
         schema = t["function"].get("parameters") or {"type": "object"}
         try:
             error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(schema))
         except (ValueError, TypeError) as e:
             error = str(e)
         if error:
-            field_name = f"tools[{i}].function.parameters"
+            field_name = f"tools[{i}].{inner}parameters"
             raise APIError(422, f"{field_name}: not a JSON schema that compiles ({error.strip()})", field_name)
     if choice not in ("none", "auto", "required") and choice not in names:
         raise APIError(422, f"tool_choice: names {choice!r}, which is none of the tools ({', '.join(names)})",

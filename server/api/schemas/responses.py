@@ -140,7 +140,7 @@ class ResponsesRequest(EosControls):
                  for t in self.tools]  # fmt: skip
         choice = self.tool_choice or "auto"
         named = choice.name if isinstance(choice, NamedFunctionChoice) else choice
-        return ToolUse(tools, named, self.parallel_tool_calls)
+        return ToolUse(tools, named, self.parallel_tool_calls, nested=False)
 
     def constraint(self) -> Constraint | None:
         f = self.text.format if self.text is not None else None
