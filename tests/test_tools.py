@@ -77,6 +77,10 @@ def test_a_streamed_reply_sends_its_text_at_once_and_each_call_whole():
     calls = [p for p in got if not isinstance(p, str)]
     assert "".join(words) == "Sure,  done <" and [c.name for c in calls] == ["get_weather"]
     assert not any("<tool" in w for w in words)  # the marker was held back, never sent as text
+    two, got = CallStream(HERMES), []
+    for ch in CALL + "\n" + CALL + "\n":
+        got += two.feed(ch)
+    assert [type(p).__name__ for p in got + two.close()] == ["ToolCall", "ToolCall"]  # no blank text between
     llama = CallStream(LLAMA3_JSON)
     assert [p for ch in ' {"name": "now", "parameters": {}}' for p in llama.feed(ch)] == []  # held to the end
     assert [c.name for c in llama.close()] == ["now"]

@@ -139,10 +139,10 @@ def tool_grammar(fmt: CallFormat, tools: list[dict], choice: Choice, parallel: b
     chosen = [t for t in tools if choice not in ("auto", "required") and t["function"]["name"] == choice] or tools
     marker = fmt.open.strip()  # "<tool_call>", or "" for a bare JSON call
     schema = json.dumps(fmt.call_schema(chosen))
+    opener = literal(marker, single_tokens) if marker else ""
     body = f"{literal(fmt.open[len(marker) :], single_tokens)} %json {schema} {literal(fmt.close, single_tokens)}"
     more = f"({literal(fmt.separator, single_tokens)} call)*" if parallel else ""
-    opener = literal(marker, single_tokens) if marker else ""
-    rules = ["%llguidance {}", f"call: {opener} {body}", f"body: {body}"]
+    rules = ["%llguidance {}", f"body: {body}", f"call: {opener} body"]  # a call: its marker (if any), then its body
     if choice != "auto":
         return "\n".join([*rules, f"start: call {more}"])
     if not marker:  # a reply that starts with "{" is calls, any other is text
@@ -192,6 +192,7 @@ class CallStream:
 
     def __init__(self, fmt: CallFormat) -> None:
         self.fmt, self.held, self.calls_only = fmt, "", None  # calls_only: a bare-JSON reply, once decided
+        self.called = False  # a call was sent: the blank text between and after calls is not sent (as parse drops it)
 
     def feed(self, text: str) -> list[str | ToolCall]:
         self.held += text
@@ -215,19 +216,27 @@ class CallStream:
             if at < 0:  # all but a tail that may begin the marker
                 keep = next((k for k in range(min(len(marker) - 1, len(self.held)), 0, -1)
                              if marker.startswith(self.held[-k:])), 0)  # fmt: skip
-                sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
+                sent = self.held[: len(self.held) - keep]
+                if self.called and sent.isspace():  # blank after a call: held, it may only come before another
+                    return out
+                self.held = self.held[len(self.held) - keep :]
                 return out + ([sent] if sent else [])
             if at:
-                out.append(self.held[:at])
+                if not (self.called and self.held[:at].isspace()):
+                    out.append(self.held[:at])
                 self.held = self.held[at:]
             end = self.held.find(closer, len(marker))
             if end < 0:
                 return out
             block, self.held = self.held[: end + len(closer)], self.held[end + len(closer) :]
-            out.extend(self.fmt.parse(block)[1] or [block])
+            calls = self.fmt.parse(block)[1]
+            self.called |= bool(calls)
+            out.extend(calls or [block])
 
     def close(self) -> list[str | ToolCall]:
         """What is held at the end: calls where it parses, else text."""
         held, self.held = self.held, ""
         content, calls = self.fmt.parse(held) if held else (None, [])
+        if self.called and content is not None and content.isspace():
+            content = None
         return [*([content] if content else []), *calls]
