@@ -1,4 +1,5 @@
-"""Cog predictor: `cog predict -i prompt="..."`, on the same registry and engine as the HTTP server.
+"""Cog runner: `cog run -i prompt="..."`, on the same registry and engine as the HTTP server; predictions
+at once (up to the engine's batch) share its batch.
 
 One model page, six tasks. The output is always a stream of text (`ConcatenateIterator[str]`, so
 completions stream token by token on Replicate); `task=attention` streams one item, the heatmap PNG
@@ -9,11 +10,12 @@ item, the JSON the /inspect routes answer.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
-from cog import BasePredictor, ConcatenateIterator, Input, streaming
+from cog import AsyncConcatenateIterator, BaseRunner, Input, concurrent, streaming
 from pydantic import ValidationError
 
 from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE, MIN_POSITIVE
@@ -25,7 +27,7 @@ from server.engine.events import FinishEvent
 from server.errors import APIError
 from server.features import inspect as inspecting
 from server.features.chat import prepare_chat_job
-from server.features.completion import fill_mask_models, find_model, prepare_completion, stream_sync
+from server.features.completion import events, fill_mask_models, find_model, prepare_completion
 from server.features.constraints import Constraint, constrained
 from server.features.readouts import attention, attention_png, fill_mask
 from server.features.tools import ToolUse
@@ -38,7 +40,9 @@ MODELS = [AUTO, *sorted(p.parent.name for p in Settings().store.glob("*/config.j
 CAP = default("max_new_tokens_cap")  # the inputs' bounds are the server's settings (raised there, checked again)
 
 
-class Predictor(BasePredictor):
+
+
+class Runner(BaseRunner):
     def setup(self) -> None:
         """Load every shipped checkpoint once and warm it up (TINYSERVE_* variables apply, as for the server)."""
         self.settings = Settings()
@@ -48,7 +52,10 @@ class Predictor(BasePredictor):
         self.registry.loaded.wait()  # a prediction may name any model: none may answer "loading"
 
     @streaming
-    def predict(
+    # predictions at once: as many as the engine batches (TINYSERVE_MAX_BATCH_SIZE's default; cog reads a literal at
+    # build time, tests/test_packaging.py holds them equal; COG_MAX_CONCURRENCY overrides it when it runs)
+    @concurrent(max=32)
+    async def run(
         self,
         prompt: str = Input(
             description="complete: the prompt. fill-mask: an Esperanto sentence with <mask>. "
@@ -122,7 +129,9 @@ class Predictor(BasePredictor):
             "({content, tool_calls}).",
         ),
         tool_choice: str = Input(default="auto", description="with tools: auto, none, required, or a function's name."),
-    ) -> ConcatenateIterator[str]:
+    ) -> AsyncConcatenateIterator[str]:
+        """Each prediction a request on the shared engine (predictions at once share its batch); the other tasks
+        run on the compute thread, awaited off the event loop."""
         try:
             if task == "complete":
                 parameters = GenerateParameters(
@@ -140,14 +149,17 @@ class Predictor(BasePredictor):
                     min_new_tokens=min_new_tokens,
                 )
                 use = self._tool_use(tools, tool_choice) if tools else None
-                yield from self._complete(parameters, prompt, messages, json_schema, regex, use)
+                async for text in self._complete(parameters, prompt, messages, json_schema, regex, use):
+                    yield text
             elif task == "fill-mask":
-                yield from self._fill_mask(model, prompt, top_n)
+                for text in await asyncio.to_thread(lambda: list(self._fill_mask(model, prompt, top_n))):
+                    yield text
             elif task in INSPECT:
                 model_id = None if model == AUTO else model
-                yield json.dumps(self._inspect(task, model_id, prompt, top_n, heads, corrupt, answer, foil))
+                asked = (task, model_id, prompt, top_n, heads, corrupt, answer, foil)
+                yield json.dumps(await asyncio.to_thread(self._inspect, *asked))
             else:
-                yield self._attention(model, prompt, layer, head)
+                yield await asyncio.to_thread(self._attention, model, prompt, layer, head)
         except APIError as e:
             raise ValueError(e.message) from None  # cog reports it as the failure
         except json.JSONDecodeError as e:
@@ -165,10 +177,10 @@ class Predictor(BasePredictor):
         listed = [FunctionTool.model_validate(t).model_dump(exclude_none=True) for t in parsed]
         return ToolUse(listed, choice, parallel=True)
 
-    def _complete(
+    async def _complete(
         self, parameters: GenerateParameters, prompt: str, messages: str, json_schema: str, regex: str,
         tools: ToolUse | None,
-    ) -> Iterator[str]:  # fmt: skip
+    ) -> AsyncIterator[str]:  # fmt: skip
         params = parameters.to_sampling_params(self.settings)
         turn = None
         if messages:
@@ -188,15 +200,16 @@ class Predictor(BasePredictor):
         if (json_schema or regex) and turn is not None and turn.constraint is not None:
             raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
         if json_schema or regex or (turn is not None and turn.constraint is not None):
-            job = constrained(job, c if json_schema or regex else turn.constraint, self.settings)
+            chosen = c if json_schema or regex else turn.constraint
+            job = await asyncio.to_thread(constrained, job, chosen, self.settings)
         if turn is not None and turn.calls is not None:  # one item: the message, its calls read out
-            text = next(e.text for e in stream_sync(job, self.settings) if isinstance(e, FinishEvent))
+            text = [e.text async for e in events(job, self.settings, streaming=False) if isinstance(e, FinishEvent)][0]
             content, calls = turn.calls.parse(text)
             found = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                      for c in calls]  # fmt: skip
             yield json.dumps({"role": "assistant", "content": content, "tool_calls": found})
             return
-        for event in stream_sync(job, self.settings):
+        async for event in events(job, self.settings):
             text = event.tail if isinstance(event, FinishEvent) else event.text
             if text:
                 yield text

@@ -1,1 +1,1 @@
-"""Command-line helpers: the no-Docker `cog predict`, the Cog schema, demo screenshots."""
+"""Command-line helpers: the no-Docker `cog run`, the Cog schema, demo screenshots."""

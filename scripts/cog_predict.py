@@ -1,11 +1,11 @@
-"""`cog predict -i key=value` without Docker: start cog's HTTP server on predict.py, run one prediction.
+"""`cog run -i key=value` without Docker: start cog's HTTP server on predict.py, run one prediction.
 
     python -m scripts.cog_predict -i prompt="The history of" -i max_new_tokens=40
     python -m scripts.cog_predict -i task=attention -i prompt="The cat sat" -i layer=0 -o attention.png
 
-Starts `python -m cog.server.http` (coglet) with COG_PREDICT_TYPE_STUB=predict.py:Predictor, waits for
+Starts `python -m cog.server.http` (coglet) with COG_PREDICT_TYPE_STUB=predict.py:Runner, waits for
 /health-check to say READY, POSTs /predictions with server-sent events and prints the text as it
-streams. A `data:` URI output (the attention PNG) is written to a file, as `cog predict` does.
+streams. A `data:` URI output (the attention PNG) is written to a file, as `cog run` does.
 Values are converted with the types of `.cog/openapi_schema.json` (run scripts/cog_schema.py first).
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from scripts.cog_schema import declared_concurrency
 from scripts.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,10 @@ def parse_inputs(pairs: list[str], schema: dict) -> dict:
 
 
 def start_server(port: int, env: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, **(env or {}), "PORT": str(port), "COG_PREDICT_TYPE_STUB": "predict.py:Predictor"}
+    # as `cog build` writes them into the image: the runner, and its predictions at once
+    concurrency = str(declared_concurrency(ROOT / "predict.py", "Runner", "run"))
+    env = {"COG_MAX_CONCURRENCY": concurrency, **os.environ, **(env or {}), "PORT": str(port),
+           "COG_PREDICT_TYPE_STUB": "predict.py:Runner"}  # fmt: skip
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the worker runs `python`
     cmd = [sys.executable, "-m", "cog.server.http", "--host", "127.0.0.1"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -65,9 +65,22 @@ def declares_streaming(module_file: Path, cls: str, method: str) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for fn in node.body:
-                if isinstance(fn, ast.FunctionDef) and fn.name == method:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == method:
                     return any(ast.unparse(d).split(".")[-1].startswith("streaming") for d in fn.decorator_list)
     return False
+
+
+def declared_concurrency(module_file: Path, cls: str, method: str) -> int:
+    """The `max` of `cls.method`'s `@concurrent(max=N)` (an integer literal, read from the source as `cog build`
+    reads it into the image's COG_MAX_CONCURRENCY); 1 without one."""
+    for node in ast.walk(ast.parse(module_file.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for fn in node.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == method:
+                    for d in fn.decorator_list:
+                        if isinstance(d, ast.Call) and ast.unparse(d.func).split(".")[-1] == "concurrent":
+                            return next(k.value.value for k in d.keywords if k.arg == "max")
+    return 1
 
 
 def openapi(info, streaming: bool) -> dict[str, Any]:
@@ -156,18 +169,18 @@ def openapi(info, streaming: bool) -> dict[str, Any]:
     }
 
 
-def build(predictor_ref: str = "predict.py:Predictor") -> dict[str, Any]:
+def build(predictor_ref: str = "predict.py:Runner") -> dict[str, Any]:
     from cog._inspector import create_predictor
 
     module_file, cls = predictor_ref.split(":")
     sys.path.insert(0, str(ROOT))
     info = create_predictor(Path(module_file).stem, cls)
-    return openapi(info, declares_streaming(ROOT / module_file, cls, "predict"))
+    return openapi(info, declares_streaming(ROOT / module_file, cls, "run"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--predictor", default="predict.py:Predictor")
+    parser.add_argument("--predictor", default="predict.py:Runner")
     parser.add_argument("--check", action="store_true", help="fail when the committed schema differs")
     args = parser.parse_args()
     text = json.dumps(build(args.predictor), indent=2) + "\n"

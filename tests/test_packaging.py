@@ -35,7 +35,11 @@ def test_installed_package_declares_requirements_txt():
 
 def test_cog_yaml_builds_the_predictor_on_the_same_requirements():
     cog = yaml.safe_load((REPO / "cog.yaml").read_text())
-    assert cog["predict"] == "predict.py:Predictor" and (REPO / "predict.py").exists()
+    assert cog["run"] == "predict.py:Runner" and (REPO / "predict.py").exists()
+    from predict import Runner
+    from server.config import default
+
+    assert Runner.run.__cog_concurrent_max__ == default("max_batch_size")  # predictions at once: the engine's batch
     assert cog["build"] == {"gpu": True, "python_version": "3.11", "python_requirements": "requirements.txt"}
 
 

@@ -1,4 +1,4 @@
-// The API panel's snippets: the request the page would send, as curl, Python and `cog predict`.
+// The API panel's snippets: the request the page would send, as curl, Python and `cog run`.
 // Each is printed from the same request object the page sends (requests.js), so what runs in a shell
 // is what ran on screen. The token is never printed: snippets read $TINYSERVE_API_TOKEN.
 
@@ -91,7 +91,7 @@ function inferenceClientSnippet({ body }, ctx) {
   return lines.join("\n");
 }
 
-/** `cog predict` with the packaged model's inputs (predict.py): the same request, run in the Cog image. */
+/** `cog run` with the packaged model's inputs (predict.py): the same request, run in the Cog image. */
 function cogSnippet(tab, { body }) {
   const inputs = [];
   if (tab === "complete" && body.messages) {
@@ -130,7 +130,7 @@ function cogSnippet(tab, { body }) {
   } else {
     return null;
   }
-  return ["cog predict", ...inputs.map(([k, v]) => `-i ${shellWord(`${k}=${v}`)}`)].join(" \\\n  ");
+  return ["cog run", ...inputs.map(([k, v]) => `-i ${shellWord(`${k}=${v}`)}`)].join(" \\\n  ");
 }
 
 /** [{kind, label, text}] for a tab's request; ctx: {origin, auth, defaultModel, defaultEosBias}. */
