@@ -1,7 +1,7 @@
 """Cog runner: `cog run -i prompt="..."`, on the same registry and engine as the HTTP server; predictions
 at once (up to the engine's batch) share its batch.
 
-One model page, six tasks. The output is always a stream of text (`ConcatenateIterator[str]`, so
+One model page, six tasks. The output is always a stream of text (`AsyncConcatenateIterator[str]`, so
 completions stream token by token on Replicate); `task=attention` streams one item, the heatmap PNG
 as a `data:image/png;base64,...` URI (what cog itself returns for a file output when it has no upload
 URL), which `scripts/cog_predict.py` writes to a file; `logit_lens`, `ablate` and `patch` stream one
@@ -26,7 +26,7 @@ from server.config import Settings, default
 from server.engine.events import FinishEvent
 from server.errors import APIError
 from server.features import inspect as inspecting
-from server.features.chat import prepare_chat_job
+from server.features.chat import prepare_chat_job, with_constraint
 from server.features.completion import events, fill_mask_models, find_model, prepare_completion
 from server.features.constraints import Constraint, constrained
 from server.features.readouts import attention, attention_png, fill_mask
@@ -182,6 +182,10 @@ class Runner(BaseRunner):
         tools: ToolUse | None,
     ) -> AsyncIterator[str]:  # fmt: skip
         params = parameters.to_sampling_params(self.settings)
+        if json_schema and regex:
+            raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
+        c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
+        c = c if json_schema or regex else None
         turn = None
         if messages:
             parsed = json.loads(messages)
@@ -189,19 +193,13 @@ class Runner(BaseRunner):
                 raise APIError(422, "messages: a JSON list of {role, content}", "messages")
             conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parsed]
             turn = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params, tools)
-            job = turn.job
+            turn = with_constraint(turn, c)
+            job, c = turn.job, turn.constraint
         elif tools is not None:
             raise APIError(422, "tools: only with messages", "tools")
         else:
             job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
-        if json_schema and regex:
-            raise APIError(422, "json_schema: give json_schema or regex, not both", "json_schema")
-        c = Constraint("json", json_schema, "json_schema") if json_schema else Constraint("regex", regex, "regex")
-        if (json_schema or regex) and turn is not None and turn.constraint is not None:
-            raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
-        if json_schema or regex or (turn is not None and turn.constraint is not None):
-            chosen = c if json_schema or regex else turn.constraint
-            job = await asyncio.to_thread(constrained, job, chosen, self.settings)
+        job = await asyncio.to_thread(constrained, job, c, self.settings)
         if turn is not None and turn.calls is not None:  # one item: the message, its calls read out
             text = [e.text async for e in events(job, self.settings, streaming=False) if isinstance(e, FinishEvent)][0]
             content, calls = turn.calls.parse(text)

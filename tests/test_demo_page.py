@@ -291,7 +291,7 @@ def test_api_snippets_run_in_a_shell_and_reproduce_the_page(page):
     assert "no argument for eos_bias=-20" in hf  # says what it cannot send
     assert run_in_shell(python(hf)).strip() != ""
     cog = shlex.split(snippet(page, "cog").replace("\\\n", " "))
-    assert cog[:2] == ["cog", "predict"]
+    assert cog[:2] == ["cog", "run"]  # cog 0.23 renamed predict to run
     inputs = parse_inputs([cog[i + 1] for i in range(2, len(cog), 2)], json.loads(SCHEMA_PATH.read_text()))
     assert inputs == {
         "prompt": "The castle was",

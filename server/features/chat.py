@@ -121,11 +121,16 @@ def prepare_chat(registry: ModelRegistry, settings: Settings, model_id: str, mes
     """A chat request (its schema converts itself to sampling parameters, tools and a constraint) as a turn."""
     tools = request.tool_use()
     turn = prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings), tools)
-    if (c := request.constraint()) is not None:
-        if turn.constraint is not None:
-            raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
-        turn = replace(turn, constraint=c)
-    return turn
+    return with_constraint(turn, request.constraint())
+
+
+def with_constraint(turn: ChatTurn, c: Constraint | None) -> ChatTurn:
+    """The turn held to a requested constraint too (structured output), which a tools' grammar leaves no room for."""
+    if c is None:
+        return turn
+    if turn.constraint is not None:
+        raise APIError(422, f"{c.field}: not with tools (unless tool_choice is none)", c.field)
+    return replace(turn, constraint=c)
 
 
 def template_of(m: ServedModel) -> ChatTemplate:
