@@ -54,6 +54,9 @@ def test_the_llama_grammar_reads_a_reply_that_starts_with_a_brace_as_calls():
     assert accepts(auto, call + '; {"name":"get_weather","parameters":{"city":"x"}}', False) == "open"
     assert accepts(auto, '{"name":"zz"', False) == "error"
     assert accepts(tool_grammar(LLAMA3_JSON, TOOLS, "required", False, set()), call, False) == "end"
+    tagged = tool_grammar(LLAMA3_JSON, TOOLS, "auto", True, {"<|python_tag|>"})  # the tag a special token
+    assert accepts(tagged, "<|python_tag|>" + call, True) == "open" and accepts(tagged, "Hello", True) == "open"
+    assert accepts(tagged, '<|python_tag|>{"name":"zz"', True) == "error"
 
 
 def test_calls_are_read_out_of_a_reply_and_the_rest_is_its_text():

@@ -68,6 +68,17 @@ def test_with_auto_a_call_the_model_opens_is_completed_under_the_schema(tools_cl
         assert out.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and valid(calls[0])
 
 
+def test_with_auto_a_llama_reply_that_opens_with_its_python_tag_is_a_call(tools_client):
+    api = openai_client(tools_client)
+    tag = tools_client.post("/tokenize", json={"model": "tiny-llama3", "prompt": "<|python_tag|>"}).json()["tokens"]
+    assert len(tag) == 1  # a special token
+    for seed in range(3):
+        out = api.chat.completions.create(model="tiny-llama3", messages=ASK, tools=TOOLS, temperature=1.0, seed=seed,
+                                          parallel_tool_calls=False, logit_bias={str(tag[0]): 100})  # fmt: skip
+        calls = out.choices[0].message.tool_calls
+        assert out.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and valid(calls[0])
+
+
 def test_streamed_calls_reassemble_to_the_unstreamed_ones(tools_client):
     api = openai_client(tools_client)
     for model in ("tiny-hermes", "tiny-llama3"):

@@ -83,7 +83,7 @@ class CallFormat:
             kept.append(text[last:])
             content = "".join(kept).strip()
             return (content or None) if calls else text, calls
-        body = text.strip().removeprefix("<|python_tag|>").strip()
+        body = text.strip().removeprefix(PYTHON_TAG).strip()
         if not body.startswith("{"):
             return text, []
         calls, decoder, at = [], json.JSONDecoder(), 0
@@ -113,6 +113,7 @@ class CallFormat:
 
 
 HERMES = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>", "\n", "arguments")
+PYTHON_TAG = "<|python_tag|>"  # what Llama 3.x may write before its JSON call
 LLAMA3_JSON = CallFormat("llama3_json", "", "", "; ", "parameters")
 
 
@@ -120,7 +121,7 @@ def call_format(template_source: str, model_id: str) -> CallFormat:
     """The format the template renders tool calls in, or a 422 naming the model whose template has none."""
     if "<tool_call>" in template_source:
         return HERMES
-    if "tools" in template_source and ("<|python_tag|>" in template_source or '"parameters"' in template_source):
+    if "tools" in template_source and (PYTHON_TAG in template_source or '"parameters"' in template_source):
         return LLAMA3_JSON
     raise APIError(422, f"tools: the chat template of model {model_id} does not render tools (no call format: Hermes "
                    "<tool_call> blocks or Llama 3's JSON)", "tools")  # fmt: skip
@@ -145,8 +146,9 @@ def tool_grammar(fmt: CallFormat, tools: list[dict], choice: Choice, parallel: b
     rules = ["%llguidance {}", f"body: {body}", f"call: {opener} body"]  # a call: its marker (if any), then its body
     if choice != "auto":
         return "\n".join([*rules, f"start: call {more}"])
-    if not marker:  # a reply that starts with "{" is calls, any other is text
-        return "\n".join([*rules, f"start: TEXT | call {more}", "TEXT: /([^{](.|\\n)*)?/"])
+    if not marker:  # a reply that starts with "{" (or Llama's <|python_tag|> token) is calls, any other is text
+        tag = f"{PYTHON_TAG}?" if PYTHON_TAG in single_tokens else ""
+        return "\n".join([*rules, f"start: TEXT | {tag} call {more}", "TEXT: /([^{](.|\\n)*)?/"])
     if marker in single_tokens:  # text cannot hold the token: the token opens the call
         return "\n".join([*rules, f"start: TEXT | TEXT {opener} body {more}", "TEXT: /(.|\\n)*/"])
     # the marker as text ends the text lazily (at its first appearance) and opens the call
@@ -188,8 +190,6 @@ class CallStream:
     """A streamed reply split into text to send at once and calls, each sent whole once it parses: text that may
     open a call is held back until it does or cannot; a Llama reply that starts as a call is held to its end."""
 
-    TAG = "<|python_tag|>"
-
     def __init__(self, fmt: CallFormat) -> None:
         self.fmt, self.held, self.calls_only = fmt, "", None  # calls_only: a bare-JSON reply, once decided
         self.called = False  # a call was sent: the blank text between and after calls is not sent (as parse drops it)
@@ -200,9 +200,9 @@ class CallStream:
             return self.blocks()
         if self.calls_only is None:
             start = self.held.lstrip()
-            if not start or (len(start) < len(self.TAG) and self.TAG.startswith(start)):
+            if not start or (len(start) < len(PYTHON_TAG) and PYTHON_TAG.startswith(start)):
                 return []  # undecided
-            self.calls_only = start.startswith(("{", self.TAG))
+            self.calls_only = start.startswith(("{", PYTHON_TAG))
         if self.calls_only:
             return []
         sent, self.held = self.held, ""
