@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 from cog import AsyncConcatenateIterator, BaseRunner, Input, concurrent, streaming
 from pydantic import ValidationError
@@ -42,10 +43,32 @@ CAP = default("max_new_tokens_cap")  # the inputs' bounds are the server's setti
 
 
 
+def unpacked(weights: str) -> Path:
+    """A trained checkpoint (train.py's .tar.gz: a path, or an http(s) URL as Replicate and COG_WEIGHTS give it)
+    as a model store of its own."""
+    import tarfile
+    import tempfile
+
+    import httpx
+
+    store = Path(tempfile.mkdtemp(prefix="tinyserve-weights-"))
+    archive = Path(str(weights))
+    if str(weights).startswith(("http://", "https://")):
+        archive = store.with_suffix(".tar.gz")
+        with httpx.stream("GET", str(weights), follow_redirects=True, timeout=600) as r, archive.open("wb") as f:
+            r.raise_for_status()
+            for chunk in r.iter_bytes():
+                f.write(chunk)
+    with tarfile.open(archive) as tar:
+        tar.extractall(store, filter="data")  # no member outside the store, no links out of it
+    return store
+
+
 class Runner(BaseRunner):
-    def setup(self) -> None:
-        """Load every shipped checkpoint once and warm it up (TINYSERVE_* variables apply, as for the server)."""
-        self.settings = Settings()
+    def setup(self, weights: str | None = None) -> None:
+        """Load every shipped checkpoint (or, given a trained one's weights, that one) once and warm it up
+        (TINYSERVE_* variables apply, as for the server)."""
+        self.settings = Settings() if weights is None else Settings(store=unpacked(weights))
         self.registry = ModelRegistry(self.settings)
         self.registry.load_all()
         self.registry.start()

@@ -49,13 +49,14 @@ def parse_inputs(pairs: list[str], schema: dict) -> dict:
     return inputs
 
 
-def start_server(port: int, env: dict | None = None) -> subprocess.Popen:
-    # as `cog build` writes them into the image: the runner, and its predictions at once
+def start_server(port: int, env: dict | None = None, train: bool = False) -> subprocess.Popen:
+    """coglet on predict.py's runner (or, `train`, on train.py's trainer at /trainings)."""
+    # as `cog build` writes them into the image: the runner, its predictions at once, the trainer
     concurrency = str(declared_concurrency(ROOT / "predict.py", "Runner", "run"))
     env = {"COG_MAX_CONCURRENCY": concurrency, **os.environ, **(env or {}), "PORT": str(port),
-           "COG_PREDICT_TYPE_STUB": "predict.py:Runner"}  # fmt: skip
+           "COG_PREDICT_TYPE_STUB": "predict.py:Runner", "COG_TRAIN_TYPE_STUB": "train.py:train"}  # fmt: skip
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the worker runs `python`
-    cmd = [sys.executable, "-m", "cog.server.http", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "cog.server.http", "--host", "127.0.0.1", *(["--x-mode", "train"] if train else [])]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

@@ -169,13 +169,44 @@ def openapi(info, streaming: bool) -> dict[str, Any]:
     }
 
 
-def build(predictor_ref: str = "predict.py:Runner") -> dict[str, Any]:
+def build(predictor_ref: str = "predict.py:Runner", trainer_ref: str = "train.py:train") -> dict[str, Any]:
     from cog._inspector import create_predictor
 
     module_file, cls = predictor_ref.split(":")
     sys.path.insert(0, str(ROOT))
     info = create_predictor(Path(module_file).stem, cls)
-    return openapi(info, declares_streaming(ROOT / module_file, cls, "run"))
+    schema = openapi(info, declares_streaming(ROOT / module_file, cls, "run"))
+    train_file, fn = trainer_ref.split(":")
+    training(schema, create_predictor(Path(train_file).stem, fn))
+    return schema
+
+
+def training(schema: dict[str, Any], info) -> None:
+    """The trainer's part, as `cog build` writes it for a cog.yaml with `train:`: TrainingInput and
+    TrainingOutput (what coglet validates /trainings against), its request and response, its routes."""
+    inputs, enums = input_schema(info)
+    components = schema["components"]["schemas"]
+    refs = {"Input": "TrainingInput", "Output": "TrainingOutput"}
+    for kind in ("Request", "Response"):
+        copied = json.loads(json.dumps(components[f"Prediction{kind}"]).replace(
+            '"#/components/schemas/Input"', f'"#/components/schemas/{refs["Input"]}"').replace(
+            '"#/components/schemas/Output"', f'"#/components/schemas/{refs["Output"]}"'))  # fmt: skip
+        components[f"Training{kind}"] = {**copied, "title": f"Training{kind}"}
+    components |= {"TrainingInput": {**inputs, "title": "TrainingInput"}, "TrainingOutput": info.output.json_type()}
+    components |= {f"Training{name}": enum for name, enum in enums.items()}
+    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/TrainingRequest"}}}}
+    ok = {
+        "description": "Successful Response",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TrainingResponse"}}},
+    }
+    schema["paths"]["/trainings"] = {
+        "post": {"summary": "Train", "operationId": "train_trainings_post", "requestBody": body,
+                 "responses": {"200": ok}}
+    }  # fmt: skip
+    schema["paths"]["/trainings/{training_id}/cancel"] = {
+        "post": {"summary": "Cancel Training", "operationId": "cancel_training_trainings__training_id__cancel_post",
+                 "responses": {"200": {"description": "Successful Response"}}}
+    }  # fmt: skip
 
 
 def main() -> None:

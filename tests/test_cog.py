@@ -4,6 +4,7 @@ spoken to as `cog run` and Replicate do, plus the committed schema being current
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import shutil
 import threading
@@ -258,7 +259,6 @@ def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_serve
 @pytest.mark.parametrize("bias, ends_at_once", [(100.0, True), (-1e9, False)])
 def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monkeypatch, bias, ends_at_once):
     """TINYSERVE_DEFAULT_EOS_BIAS changes a prediction that sets no eos_bias as it changes /generate."""
-    import inspect
 
     from fastapi.testclient import TestClient
 
@@ -283,7 +283,6 @@ def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monke
 
 def test_a_chat_with_tools_gives_the_assistant_message_with_its_calls(cog_store, monkeypatch):
     """The predictor in process (its model input lists the shipped models only): one item, the message as JSON."""
-    import inspect
 
     import jsonschema
 
@@ -307,3 +306,57 @@ def test_a_chat_with_tools_gives_the_assistant_message_with_its_calls(cog_store,
     [call] = json.loads(item)["tool_calls"]
     assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+
+
+@pytest.mark.slow
+def test_a_training_through_coglet_returns_weights_that_serve_and_know_the_text_better(tmp_path):
+    """POST /trainings (coglet in train mode) fine-tunes the shipped GPT on a user's text; the weights it returns
+    serve a prediction and score held-out text of the same kind at a lower perplexity than the shipped GPT."""
+    import random
+
+    from fastapi.testclient import TestClient
+
+    from model_store import STORE_ROOT
+    from predict import Runner, unpacked
+    from server.api.app import create_app
+    from server.config import Settings
+
+    rng = random.Random(0)
+    names, places, things = ["Ada", "Bo", "Cy", "Dee"], ["market", "river", "tower", "garden"], ["key", "map", "lamp"]
+
+    def story() -> str:
+        return (f"The robot {rng.choice(names)} walked to the {rng.choice(places)} and found a {rng.choice(things)}. "
+                f"It gave the {rng.choice(things)} to {rng.choice(names)}.")  # fmt: skip
+
+    text = "\n\n".join(story() for _ in range(2000))  # ~200 KB
+    held_out = " ".join(story() for _ in range(20))
+    uri = "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
+    port = free_port()
+    proc = start_server(port, {"TINYSERVE_COMPILE_MODELS": "false"}, train=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc, timeout_s=120)
+        body = {"input": {"text": uri, "max_steps": 2, "minutes": 2.0, "learning_rate": 1e-3}}
+        trained = httpx.post(f"{base}/trainings", json=body, timeout=600).json()
+        refused = httpx.post(f"{base}/trainings", json={"input": {"text": "data:text/plain;base64,AAEC"}}, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert trained.get("status") == "succeeded", trained
+    assert refused.json()["status"] == "failed" and "binary" in refused.json()["error"]  # one line, no traceback
+    weights = tmp_path / "weights.tar.gz"
+    weights.write_bytes(base64.b64decode(trained["output"].split(",", 1)[1]))
+
+    runner = Runner()
+    runner.setup(weights=str(weights))
+    try:
+        inputs = {n: p.default.default for n, p in inspect.signature(Runner.run).parameters.items() if n != "self"}
+        assert "".join(outputs(runner, **{**inputs, "prompt": "The robot", "max_new_tokens": 8, "temperature": 0}))
+    finally:
+        runner.registry.stop()
+
+    def perplexity(store, model: str) -> float:
+        with TestClient(create_app(Settings(store=store, dtype="float32"))) as client:
+            return client.post("/score", json={"model": model, "text": held_out}).json()["perplexity"]
+
+    assert perplexity(unpacked(str(weights)), "gpt-trained") < perplexity(STORE_ROOT, "gpt-wikitext2")

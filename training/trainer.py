@@ -71,6 +71,7 @@ class TrainConfig:
     compile: bool = option(False, "torch.compile the model")
     final_eval: bool = option(True, "full valid/test perplexity and the model card at the end")
     stop_at: int | None = option(None, "end this invocation after this step; rerun the command to resume")
+    time_limit_s: float | None = option(None, "end the run (evaluated and exported) once it has trained this long")
     patience: int | None = option(None, "end the run after this many evaluations without a new best valid loss")
     ema_decay: float | None = option(
         None, "also keep an exponential moving average of the weights (e.g. 0.999); ships if its dev loss is lower"
@@ -218,6 +219,7 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
     start_time = time.time() - (log[-1]["elapsed_s"] if log else 0.0)
     model.train()
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not is_main, desc="train", dynamic_ncols=True)
+    out_of_time = False
     while step < cfg.max_steps:
         gen.manual_seed(cfg.seed * 1000 + rank + 7919 * step)
         for group in optimizer.param_groups:
@@ -238,9 +240,10 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
         if ema is not None:
             ema.update_parameters(model)
         step += 1
+        out_of_time = cfg.time_limit_s is not None and time.time() - start_time >= cfg.time_limit_s
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}", lr=f"{lr_at(step - 1, cfg):.2e}")
-        if step % cfg.eval_interval == 0 or step == cfg.max_steps:
+        if step % cfg.eval_interval == 0 or step == cfg.max_steps or out_of_time:
             entry = {"step": step, "train_loss": round(loss_sum, 4), "elapsed_s": round(time.time() - start_time, 1)}
             entry["valid_loss"] = round(evaluate(model), 4)
             if entry["valid_loss"] < min((e["valid_loss"] for e in log), default=math.inf):
@@ -254,14 +257,15 @@ def train(cfg: TrainConfig, command: str = "") -> dict:
                 bar.write(json.dumps(entry))
                 with open(out / "train_log.jsonl", "a") as f:
                     f.write(json.dumps(entry) + "\n")
-        if step % cfg.save_interval == 0 or step == cfg.max_steps or step == cfg.stop_at:
+        if step % cfg.save_interval == 0 or step == cfg.max_steps or step == cfg.stop_at or out_of_time:
             save_checkpoint()
-        if step == cfg.stop_at or evals_since_best(log) == cfg.patience:
+        if step == cfg.stop_at or evals_since_best(log) == cfg.patience or out_of_time:
             break
     bar.close()
 
     metrics: dict = {}
-    if is_main and (step == cfg.max_steps or evals_since_best(log) == cfg.patience):
+    ended = step == cfg.max_steps or evals_since_best(log) == cfg.patience or out_of_time
+    if is_main and ended:
         best_ema = min((e["ema_valid_loss"] for e in log if "ema_valid_loss" in e), default=math.inf)
         shipped = best_ema_path if best_ema < min(e["valid_loss"] for e in log) else best_path
         if shipped.exists():
