@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import tarfile
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 from cog import AsyncConcatenateIterator, BaseRunner, Input, concurrent, streaming
 from pydantic import ValidationError
 
@@ -41,16 +44,9 @@ MODELS = [AUTO, *sorted(p.parent.name for p in Settings().store.glob("*/config.j
 CAP = default("max_new_tokens_cap")  # the inputs' bounds are the server's settings (raised there, checked again)
 
 
-
-
 def unpacked(weights: str) -> Path:
     """A trained checkpoint (train.py's .tar.gz: a path, or an http(s) URL as Replicate and COG_WEIGHTS give it)
     as a model store of its own."""
-    import tarfile
-    import tempfile
-
-    import httpx
-
     store = Path(tempfile.mkdtemp(prefix="tinyserve-weights-"))
     archive = Path(str(weights))
     if str(weights).startswith(("http://", "https://")):
