@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -64,7 +65,8 @@ class Runner(BaseRunner):
     def setup(self, weights: str | None = None) -> None:
         """Load every shipped checkpoint (or, given a trained one's weights, that one) once and warm it up
         (TINYSERVE_* variables apply, as for the server)."""
-        self.settings = Settings() if weights is None else Settings(store=unpacked(weights))
+        weights = weights or os.environ.get("COG_WEIGHTS")  # a trained version's, or `cog run -e COG_WEIGHTS=...`
+        self.settings = Settings() if not weights else Settings(store=unpacked(weights))
         self.registry = ModelRegistry(self.settings)
         self.registry.load_all()
         self.registry.start()

@@ -237,7 +237,7 @@ def test_predictions_at_once_share_the_engine_and_each_gives_its_own_tokens(cog_
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(predict, prompts))
     assert [r["status"] for r in together] == ["succeeded"] * len(prompts), together
-    assert ["".join(r["output"]) for r in together] == ["".join(r["output"]) for r in alone]
+    assert ["".join(r["output"]) for r in together] == ["".join(r["output"]) for r in alone], (alone, together)
 
 
 @pytest.mark.slow
