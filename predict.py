@@ -220,7 +220,8 @@ class Runner(BaseRunner):
             raise APIError(422, "tools: only with messages", "tools")
         else:
             job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
-        job = await asyncio.to_thread(constrained, job, c, self.settings)
+        if c is not None:  # grammars compile off the event loop
+            job = await asyncio.to_thread(constrained, job, c, self.settings)
         if turn is not None and turn.calls is not None:  # one item: the message, its calls read out
             text = [e.text async for e in events(job, self.settings, streaming=False) if isinstance(e, FinishEvent)][0]
             content, calls = turn.calls.parse(text)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -41,12 +43,27 @@ def request(url: str, grammar: dict | None) -> int:
     return 64
 
 
-def ms_per_token(url: str, grammar: dict | None, streams: int) -> float:
-    """Wall time of `streams` concurrent requests over the tokens they made (ms per token per stream)."""
+def ms_per_token(send: Callable[[], int], streams: int) -> float:
+    """Wall time of `streams` concurrent requests (`send` makes one, returning its tokens) over the tokens they made
+    (ms per token per stream)."""
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        tokens = list(pool.map(lambda _: request(url, grammar), range(streams)))
+        tokens = list(pool.map(lambda _: send(), range(streams)))
     return 1000 * (time.perf_counter() - t) / (sum(tokens) / streams)
+
+
+def compared(kinds: dict[str, Callable[[], int]], streams: int, rounds: int) -> str:
+    """Each kind's median ms per token over `rounds` (after one warm-up round, the kinds' order alternating each
+    round) and its ratio to the first kind's."""
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for r in range(rounds + 1):
+        for kind, send in kinds.items() if r % 2 else reversed(kinds.items()):
+            ms = ms_per_token(send, streams)
+            if r:
+                times[kind].append(ms)
+    base = statistics.median(next(iter(times.values())))
+    return ", ".join(f"{kind} {statistics.median(v):.2f} ms ({statistics.median(v) / base:.2f}x)"
+                     for kind, v in times.items())  # fmt: skip
 
 
 def main() -> None:
@@ -59,19 +76,8 @@ def main() -> None:
     with http_server(STORE_ROOT, models=f'["{args.model}"]', compile_max_batch=str(max(streams_list))) as (url, _):
         wait_compiled(url)  # time the compiled steps, not eager ones
         for streams in streams_list:
-            times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-            for r in range(args.rounds + 1):  # one warm-up round
-                for kind, grammar in KINDS.items() if r % 2 else reversed(KINDS.items()):
-                    ms = ms_per_token(url, grammar, streams)
-                    if r:
-                        times[kind].append(ms)
-            free = statistics.median(times["free"])
-            row = ", ".join(
-                f"{kind} {statistics.median(v):.2f} ms ({statistics.median(v) / free:.2f}x)"
-                for kind, v in times.items()
-            )
-            print(f"{streams} streams, per token: {row}")
-
+            sends = {kind: functools.partial(request, url, grammar) for kind, grammar in KINDS.items()}
+            print(f"{streams} streams, per token: {compared(sends, streams, args.rounds)}")
 
 if __name__ == "__main__":
     main()

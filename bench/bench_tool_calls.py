@@ -13,18 +13,17 @@ ratio held / free.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import functools
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_families import make_checkpoint  # noqa: E402
+from bench.bench_structured import compared  # noqa: E402
 from model_store.ingest import add_checkpoint  # noqa: E402
 from scripts.processes import http_server, wait_compiled  # noqa: E402
 from tests.tool_models import HERMES_TEMPLATE  # noqa: E402
@@ -46,14 +45,6 @@ def request(url: str, extra: dict) -> int:
     return 64
 
 
-def ms_per_token(url: str, extra: dict, streams: int) -> float:
-    """Wall time of `streams` concurrent requests over the tokens they made (ms per token per stream)."""
-    t = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        tokens = list(pool.map(lambda _: request(url, extra), range(streams)))
-    return 1000 * (time.perf_counter() - t) / (sum(tokens) / streams)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="smollm2-135m")
@@ -71,15 +62,8 @@ def main() -> None:
         with http_server(store, compile_max_batch=batch, max_batch_size=batch) as (url, _):
             wait_compiled(url)  # time the compiled steps, not eager ones
             for streams in streams_list:
-                times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-                for r in range(args.rounds + 1):  # one warm-up round
-                    for kind, extra in KINDS.items() if r % 2 else reversed(KINDS.items()):
-                        ms = ms_per_token(url, extra, streams)
-                        if r:
-                            times[kind].append(ms)
-                free = statistics.median(times["free"])
-                row = ", ".join(f"{kind} {statistics.median(v):.2f} ms ({statistics.median(v) / free:.2f}x)"
-                                for kind, v in times.items())  # fmt: skip
+                sends = {kind: functools.partial(request, url, extra) for kind, extra in KINDS.items()}
+                row = compared(sends, streams, args.rounds)
                 print(f"{args.shape}, {streams} streams, per token: {row}", flush=True)
 
 
