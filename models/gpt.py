@@ -313,6 +313,7 @@ class GPT(nn.Module):
         logits_at: torch.Tensor | None = None,  # (B,) one index per row: only its logits, (B, 1, vocab)
         fused_attention: bool = True,  # False: the explicit product, which a compiler fuses into a one-token step
         resid_pre: tuple[int, torch.Tensor] | None = None,  # (l, (B, T, C)): start at block l from this residual
+        steer: torch.Tensor | None = None,  # (B, n_layer, C): steer[:, l] added to every position after block l
     ) -> GPTOutput:
         B, T = idx.shape
         if input_pos is None:  # the tokens alone, at positions 0..T-1, causal
@@ -323,10 +324,10 @@ class GPT(nn.Module):
             positions, cache = input_pos, cache.at(input_pos)
             mask = cache.visible(input_pos)  # (B, 1, T, S): keys at positions <= each query's
         args = positions, mask, cache, return_attention, fused_attention
-        return self._blocks(idx, *args, targets, logits_at, resid_pre)
+        return self._blocks(idx, *args, targets, logits_at, resid_pre, steer)
 
     def _blocks(
-        self, idx, position_ids, mask, kv_cache, return_attention, fused_attention, targets, logits_at, resid_pre
+        self, idx, position_ids, mask, kv_cache, return_attention, fused_attention, targets, logits_at, resid_pre, steer
     ) -> GPTOutput:
         """Embeddings (or the residual stream given before a block), the blocks, the LM head (and the loss
         when targets are given)."""
@@ -347,6 +348,8 @@ class GPT(nn.Module):
             cache = kv_cache.layer(layer) if kv_cache is not None else None
             kind = c.layer_type(layer)
             x, weights = block(x, masks[kind], position_ids, rotations[kind], cache, return_attention, fused_attention)
+            if steer is not None:  # activation addition (llama.cpp's control vectors): a plain row adds zeros
+                x = x + steer[:, layer].unsqueeze(1)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from models.steering import Steer
+
 
 @dataclass
 class SamplingParams:
@@ -37,6 +39,7 @@ class SamplingParams:
     logprobs: bool = False  # report each chosen token's log-probability under the model
     top_logprobs: int = 0  # and this many most likely alternatives
     constraint: object | None = None  # a compiled grammar at its start (llguidance's LLMatcher), copied per sequence
+    steer: Steer | None = None  # vectors added to the residual stream after each block (models/steering.py)
 
     @property
     def greedy(self) -> bool:

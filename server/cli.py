@@ -7,6 +7,7 @@ tinyserve eval|complete|eos|kurtosis|...     python -m training eval|complete|eo
 tinyserve export MODEL OUT --format hf|gguf  a store GPT as a GPT-NeoX checkpoint for transformers, or any model
                                              our decoder serves as one GGUF file for llama.cpp and Ollama
 tinyserve store add SRC NAME                 a checkpoint folder (ours, transformers') or a GGUF file into the store
+tinyserve store add-vector FILE NAME --model M  a llama.cpp control-vector file as M's steering vector NAME
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ def export(argv: list[str]) -> None:
 def store(argv: list[str]) -> None:
     from pathlib import Path
 
+    import json
+
+    from model_store.control_vectors import ControlVectorError, add_vector
     from model_store.ingest import add_checkpoint
-    from model_store.store import CheckpointError
+    from model_store.store import CheckpointError, resolve
     from server.config import Settings
 
     p = argparse.ArgumentParser(prog="tinyserve store", description="manage the model store (TINYSERVE_STORE)")
@@ -101,9 +105,20 @@ def store(argv: list[str]) -> None:
         "src", type=Path, help="a checkpoint folder (ours, or a transformers save_pretrained folder) or a .gguf file"
     )
     add.add_argument("name", help="its model id in the store")
+    vector = sub.add_parser("add-vector", help="a llama.cpp control-vector file as a named steering vector of a model")
+    vector.add_argument("src", type=Path, help="a control-vector .gguf (llama.cpp's cvector-generator, repeng)")
+    vector.add_argument("name", help="its name: a request's steer names it")
+    vector.add_argument("--model", required=True, help="the store model it steers (its width is checked)")
     args = p.parse_args(argv)
+    settings = Settings()
+    if args.action == "add-vector":
+        try:
+            folder = resolve(args.model, settings.store)
+            print(add_vector(args.src, args.name, folder, json.loads((folder / "config.json").read_text())))
+        except (CheckpointError, ControlVectorError, OSError) as e:
+            p.exit(2, f"tinyserve store add-vector: {e}\n")
+        return
     try:
-        settings = Settings()
         print(add_checkpoint(args.src, args.name, settings.store, settings.max_context))
     except CheckpointError as e:
         p.exit(2, f"tinyserve store add: {e}\n")

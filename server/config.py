@@ -106,6 +106,9 @@ class Settings(BaseSettings):
         1_000, ge=0, description="/v1/responses: stored responses kept in memory for previous_response_id, at most"
     )
     responses_kept_mb: float = Field(64.0, ge=0, description="/v1/responses: and at most this many MB of them")
+    steering_vectors_kept: int = Field(
+        256, ge=0, description="/inspect/steering-vector: named vectors kept in memory (all models), the oldest dropped"
+    )
     truncate_prompt: bool = Field(
         False, description="over-long prompts (in tokens): keep the last tokens instead of refusing"
     )

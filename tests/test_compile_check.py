@@ -102,7 +102,7 @@ def test_the_check_runs_on_prompts_of_the_checks_text_prefilled_into_the_cache(t
     step = runner.step
     assert step.check_ids == runner.tokenizer.encode(CHECK_TEXT)
     with torch.inference_mode():
-        tokens, positions, eos_bias, allowed, table, *cache = step.real_inputs(4)
+        tokens, positions, eos_bias, allowed, table, steer_rows, steers, *cache = step.real_inputs(4)
         lengths = check_lengths(4, step.context)
         assert positions[:, 0].tolist() == lengths and len(set(lengths)) == 4
         read = table.shape[1] * 16  # the positions the step reads: its rows' blocks, whole
@@ -111,7 +111,7 @@ def test_the_check_runs_on_prompts_of_the_checks_text_prefilled_into_the_cache(t
         for row, length in enumerate(lengths):
             at = (table[row].repeat_interleave(16) * 16 + torch.arange(16).repeat(table.shape[1]))[:read]
             assert keys[at[:length]].abs().sum() > 0 and keys[at[length:]].abs().sum() == 0
-        want = step.uncompiled(tokens, positions, eos_bias, allowed, table, *cache)
+        want = step.uncompiled(tokens, positions, eos_bias, allowed, table, steer_rows, steers, *cache)
         assert disagreement(step.logits(want), step.logits(step.traced(*step.real_inputs(4))), step.dtype) is None
 
 

@@ -33,7 +33,7 @@ SERVER_LAYERS = [
 # inside a folder, lowest first: the same rule one level down
 FOLDER_LAYERS = {
     "execution": [
-        {"graph_call", "compute_thread", "step_check", "native"},
+        {"graph_call", "compute_thread", "step_check", "native", "steering"},
         {"skinny_gemm"},
         {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm"},
         {"compiler"},
@@ -48,8 +48,14 @@ FOLDER_LAYERS = {
         {"request_blocks"},
         {"core"},
     ],
-    "serving": [{"placement", "model_card"}, {"registry"}],
-    "features": [{"completion", "readouts"}, {"constraints", "inspect"}, {"tools"}, {"chat", "responses"}],
+    "serving": [{"placement", "model_card", "vectors"}, {"registry"}],
+    "features": [
+        {"steering"},
+        {"completion", "readouts"},
+        {"constraints", "inspect"},
+        {"tools"},
+        {"chat", "responses"},
+    ],
     "api": [{"metrics"}, {"middleware", "schemas", "dependencies"}, {"routers"}, {"app"}],
 }
 MAX_TOP_MODULES = 10  # server/ itself holds the entry points and the base, the rest lives in its layers

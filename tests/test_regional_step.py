@@ -83,7 +83,7 @@ def test_the_buckets_of_several_rows_share_one_regional_graph_kept_once(tmp_path
     def outputs(step: DecodeStep, rows: int):
         with torch.inference_mode():
             inputs = step.inputs(rows, 16)
-            for t in inputs[5:]:
+            for t in inputs[7:]:  # the pools
                 t.normal_(generator=torch.Generator().manual_seed(rows))
             inputs[0][:, 0] = torch.arange(rows) * 11 % 97
             inputs[1][:, 0] = torch.arange(rows) * 3 % 14 + 1
@@ -173,7 +173,7 @@ def test_a_regional_step_takes_the_prepacked_layers_as_inputs_and_is_called_with
     assert any(n.target in ops for n in region.graph.nodes)
     with torch.inference_mode():
         inputs = step.inputs(2, 32)
-        for t in inputs[5:]:  # the pools (inputs[4] is the tables' view of the blocks read)
+        for t in inputs[7:]:  # the pools (inputs[4] is the tables' view of the blocks read, 5-6 the steering)
             t.normal_()
         inputs[4].copy_(torch.tensor([[3, 1], [2, 4]]))
         inputs[0][:, 0] = torch.tensor([5, 9])
@@ -210,7 +210,7 @@ def test_a_kept_regional_graph_is_bound_by_name_at_a_restart_without_tracing_or_
     assert restarted.states() == {"DecodeStep_2_regional": "built"}
     with torch.inference_mode():
         inputs = step.inputs(2, 16)
-        for t in inputs[5:]:
+        for t in inputs[7:]:  # the pools
             t.normal_()
         inputs[0][:, 0] = torch.tensor([5, 9])
         inputs[1][:, 0] = torch.tensor([3, 7])

@@ -12,7 +12,18 @@ from fastapi.staticfiles import StaticFiles
 
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit, RequestMetrics
-from server.api.routers import chat, completions, demo, generate, inspect, models, readouts, responses, tokens
+from server.api.routers import (
+    chat,
+    completions,
+    demo,
+    generate,
+    inspect,
+    models,
+    readouts,
+    responses,
+    steering,
+    tokens,
+)
 from server.config import Settings
 from server.errors import install_error_handlers
 from server.features.responses import ResponseStore
@@ -55,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokens.router)
     app.include_router(readouts.router)
     app.include_router(inspect.router)
+    app.include_router(steering.router)
     app.include_router(demo.router)
     app.mount("/static", StaticFiles(directory=demo.STATIC_DIR), name="static")
 

@@ -70,7 +70,7 @@ class GenerationEngine:
         self.max_batch_size, self.max_queue, self.max_prefill_tokens = max_batch_size, max_queue, max_prefill_tokens
         self.steps_per_schedule = steps_per_schedule
         self.draft_tokens = draft_tokens if facts.verify_tokens else 0  # 0: no speculation
-        self.kv = RequestBlocks(facts.kv_blocks, prefix_caching, facts.context_length, facts.verify_tokens)
+        self.kv = RequestBlocks(runner, prefix_caching)
         self.stats = EngineStats()
         self.driver: ComputeThread | None = None  # the compute thread whose loop runs this engine (`drive_with`)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -220,9 +220,9 @@ class GenerationEngine:
 
     def _steps_ahead(self, running: list[RunningRow], admitted: list[GenerationRequest]) -> int:
         """Tokens a row makes before the next schedule: 1 unless no request waits or was admitted (its prefill should
-        not wait) and every row is greedy (its next token chosen on the step's graph, a constraint's mask an input
-        that follows the tokens as they come: RunningRow.take) without stop sequences (found on the output side, a
-        step behind); then up to `steps_per_schedule`, no more than a row has left (vLLM's multi-step scheduling)."""
+        not wait) and every row is greedy (chosen on the step's graph; a constraint's mask follows the tokens as they
+        come: RunningRow.take) without stop sequences (found on the output side, a step behind); then up to
+        `steps_per_schedule`, no more than a row has left (vLLM's multi-step scheduling)."""
         if self.steps_per_schedule == 1 or self._waiting or admitted:
             return 1
         if not all(r.req.params.greedy and not r.req.params.stop for r in running):
@@ -251,9 +251,10 @@ class GenerationEngine:
 
     def _verified(self, running: list[RunningRow], ahead: int, budget: int) -> list[list[tuple[int, float]]] | None:
         """A lone row's next tokens from one draft check (speculation.py), at most `budget`; None: decode."""
-        if len(running) != 1 or not self.draft_tokens or budget < 2 or running[0].sampling.matcher is not None:
-            return None  # a constrained row's drafts would be checked without its mask
-        row, bias = running[0], running[0].sampling.eos_logit_bias
+        row = running[0]
+        if len(running) != 1 or not self.draft_tokens or budget < 2 or row.sampling.matcher or row.req.steer_row:
+            return None  # a constrained or steered row's drafts would be checked without its mask or its steering
+        bias = row.sampling.eos_logit_bias
         limit = min(self.draft_tokens, budget - 1)
         lookup, tokens = row.lookup()
         self.kv.grow(running, ahead + self.runner.facts.verify_tokens)
@@ -290,6 +291,7 @@ class GenerationEngine:
                 [req.prompt_ids for req in reqs],
                 [req.table for req in reqs],
                 [self.kv.cached(req) for req in reqs],
+                [req.steer_row for req in reqs],
             )
         except Exception as e:  # a failed prefill fails its request, not its group or the engine
             log.exception("a prefill of %d prompts failed", len(reqs))

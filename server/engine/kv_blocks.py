@@ -37,12 +37,14 @@ class BlockStats:
 
 @dataclass
 class Holding:
-    """A sequence's blocks: its table, the keys of its full blocks, and the blocks still reserved for it."""
+    """A sequence's blocks: its table, the keys of its full blocks (chained with its salt), and the blocks still
+    reserved for it."""
 
     table: list[int] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)  # keys[i]: block table[i]'s, while it is full and keyed
     reserved: int = 0
     cached: int = 0  # its first blocks, found cached at admission: its prompt's prefill starts after them
+    salt: Hashable = None  # what else made its keys and values (a steered sequence's vectors)
 
 
 class KVBlocks:
@@ -96,7 +98,7 @@ class KVBlocks:
         """A new sequence: the cached blocks of its prompt `tokens` taken, blocks for the rest of the prompt
         allocated, and those its later positions (up to `positions`) reserved. Check `fits` first; once the prompt
         is written, `keep_full` makes its blocks findable."""
-        holding = Holding()
+        holding = Holding(salt=salt)
         for block in cached:
             self._hold(block)
         holding.table = [*cached, *self._allocate(blocks_for(len(tokens)) - len(cached))]
@@ -118,9 +120,7 @@ class KVBlocks:
                 raise RuntimeError("the KV pool has no free block (a sequence grew past its reservation)")
             holding.table += self._allocate(1)
 
-    def keep_full(
-        self, holding: Holding, tokens: Sequence[int], written: int | None = None, salt: Hashable = None
-    ) -> None:
+    def keep_full(self, holding: Holding, tokens: Sequence[int], written: int | None = None) -> None:
         """Key the sequence's blocks that its first `written` `tokens` (default: all; those in the cache) fill, so
         that later prompts find them. A block already keyed elsewhere with the same key stays unkeyed here (one block
         a key)."""
@@ -128,7 +128,9 @@ class KVBlocks:
         while len(holding.keys) < min(written // BLOCK_TOKENS, len(holding.table)):
             i = len(holding.keys)
             key = chain(
-                holding.keys[-1] if holding.keys else b"", tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS], salt
+                holding.keys[-1] if holding.keys else b"",
+                tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS],
+                holding.salt,
             )
             block = holding.table[i]
             if key not in self.block_of and block not in self.key_of:

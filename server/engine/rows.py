@@ -39,6 +39,7 @@ class GenerationRequest:
         self.end_reason = "cancelled"  # why it was asked to end, as its Retired output says
         self._withdraw = withdraw
         self.blocks: Holding | None = None  # its KV blocks, from admission on (a paged runner's: kv_blocks.py)
+        self.steer_row = 0  # its row of the runner's steering table while it runs steered (0: none)
 
     @property
     def table(self) -> list[int]:
@@ -129,6 +130,7 @@ def decode_rows(running: list[RunningRow], tokens: list[int], ahead: int, vocab_
         [row.sampling.eos_logit_bias(ahead) if g else 0.0 for row, g in zip(running, greedy, strict=True)],
         [row.sampling.allowed_next(vocab_size) if g else None for row, g in zip(running, greedy, strict=True)],
         [row.req.table for row in running],
+        [row.req.steer_row for row in running],
     )
 
 

@@ -151,12 +151,17 @@ class HFCausalLMRunner:
         self.cache = SlotCache(c.num_hidden_layers, max_rows, context)
 
     def prefill(
-        self, slots: list[int], prompts: list[list[int]], tables: object = None, starts: object = None
+        self,
+        slots: list[int],
+        prompts: list[list[int]],
+        tables: object = None,
+        starts: object = None,
+        steer_rows: object = None,
     ) -> torch.Tensor:
         """Right-padded prompts (B, T) in one pass into their consecutive slots; a row's padding lands past
         its prompt, where its decode steps write (causal attention alone: a padding mask would leave the
         padded queries with no key, and NaN in the columns they write). No block tables (facts.kv_blocks is 0:
-        every prompt is prefilled whole)."""
+        every prompt is prefilled whole) and no steering (facts.steer_width is 0)."""
         ids, positions, last = right_padded(slots, prompts, self.facts.eos_id, self.device)
         out = self.model(
             input_ids=ids,
@@ -190,6 +195,12 @@ class HFCausalLMRunner:
 
     def verify(self, tokens: list[int], position: int, eos_bias: list[float], table: object = None) -> None:
         return None  # no draft check (facts.verify_tokens is 0): transformers' eager forward gains nothing from one
+
+    def steer(self, vectors: torch.Tensor) -> int:
+        raise ValueError("this model cannot be steered (facts.steer_width is 0)")
+
+    def unsteer(self, row: int) -> None:
+        pass  # nothing was steered
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)

@@ -64,6 +64,7 @@ class ModelFacts:
     slots: int = 0  # sequences it keeps at once: the engine's batch is at most this (set by every runner)
     kv_blocks: int = 0  # blocks of its paged KV pool (the engine hands them out); 0: a static slot a sequence
     verify_tokens: int = 0  # tokens its draft check takes (the pending one and drafts); 0: it has none
+    steer_width: int = 0  # the residual stream's width that steering vectors add to (d_model); 0: it cannot steer
     weights: str = ""  # what its weights are held as and what computes them (server/execution/loader.py)
 
 
@@ -99,14 +100,15 @@ def right_padded(
 @dataclass
 class DecodeRows:
     """A decode step's inputs, element i for row i: the token, the position it goes to, the bias added to its
-    end-of-text logit, the tokens its greedy choice may take ((V,) bool, a constraint's mask; None: any) and its
-    block table."""
+    end-of-text logit, the tokens its greedy choice may take ((V,) bool, a constraint's mask; None: any), its
+    block table and its row of the steering table (0: not steered; CausalLMRunner.steer)."""
 
     tokens: list[int]
     positions: list[int]
     eos_bias: list[float]
     allowed: list[np.ndarray | None]
     tables: list[list[int]]
+    steer_rows: list[int] | None = None  # None: none steered
 
 
 @dataclass
@@ -134,11 +136,25 @@ class CausalLMRunner(Protocol):
     model: torch.nn.Module  # the weights (its device and dtype; the compute thread's guard sits on it)
 
     def prefill(
-        self, slots: list[int], prompts: list[list[int]], tables: list[list[int]], starts: list[int]
+        self,
+        slots: list[int],
+        prompts: list[list[int]],
+        tables: list[list[int]],
+        starts: list[int],
+        steer_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Run each prompt into its slot (the engine gives consecutive free rows) or through its block table, from
-        its start on (the positions before it are cached blocks; 0 where facts.kv_blocks is 0); next-token logits
-        (n, vocab), float32 on the CPU."""
+        its start on (the positions before it are cached blocks; 0 where facts.kv_blocks is 0), steered by its row of
+        the steering table; next-token logits (n, vocab), float32 on the CPU."""
+        ...
+
+    def steer(self, vectors: torch.Tensor) -> int:
+        """A row of the steering table holding a sequence's vectors (facts.layers, facts.steer_width), added to the
+        residual stream after each block at every position it computes (where facts.steer_width > 0)."""
+        ...
+
+    def unsteer(self, row: int) -> None:
+        """The sequence that held this row has ended."""
         ...
 
     def decode(self, rows: DecodeRows) -> StepOutput:

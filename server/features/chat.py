@@ -17,6 +17,7 @@ from server.config import Settings
 from server.errors import APIError
 from server.features.completion import CompletionJob, check_logit_bias, find_model, fit_prompt
 from server.features.constraints import Constraint
+from server.features.steering import SteerPart, steer_of
 from server.features.tools import CallFormat, ToolUse, call_format, check_tools, tool_constraint
 from server.serving.registry import ModelRegistry, ServedModel
 
@@ -119,8 +120,8 @@ def render(template: ChatTemplate, messages: list[dict], tools: list[dict] | Non
 
 def prepare_chat(registry: ModelRegistry, settings: Settings, model_id: str, messages: list[dict], request) -> ChatTurn:
     """A chat request (its schema converts itself to sampling parameters, tools and a constraint) as a turn."""
-    tools = request.tool_use()
-    turn = prepare_chat_job(registry, settings, model_id, messages, request.to_sampling_params(settings), tools)
+    tools, params = request.tool_use(), request.to_sampling_params(settings)
+    turn = prepare_chat_job(registry, settings, model_id, messages, params, tools, request.steer)
     return with_constraint(turn, request.constraint())
 
 
@@ -150,6 +151,7 @@ def prepare_chat_job(
     messages: list[dict],
     params: SamplingParams,
     tools: ToolUse | None = None,
+    steer: list[SteerPart] | None = None,
 ) -> ChatTurn:
     """The rendered conversation as a completion job, checked as every prompt is; the reply ends at the
     model's end-of-turn tokens. With tools the template renders them (tool_choice none too, as OpenAI and vLLM
@@ -158,6 +160,7 @@ def prepare_chat_job(
     template = template_of(m)
     params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *end_of_turn_ids(m, template)}))
     check_logit_bias(m, params.logit_bias, "logit_bias")
+    params = replace(params, steer=steer_of(registry, m, steer, "steer"))
     calls = constraint = None
     if tools is not None:
         check_tools(tools)

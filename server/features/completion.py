@@ -13,7 +13,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from models.sampling import SamplingParams
@@ -22,6 +22,7 @@ from server.engine.events import EngineOutput, Event, FinishEvent, Retired, Toke
 from server.engine.output import RequestOutput
 from server.engine.rows import QueueFullError
 from server.errors import APIError
+from server.features.steering import SteerPart, steer_of
 from server.serving.registry import ModelLoadingError, ModelRegistry, ServedModel, UnknownModelError
 
 RETRY_AFTER_S = "1"
@@ -35,6 +36,7 @@ class Fields(NamedTuple):
     model: str = "model"
     prompt: str = "prompt"
     logit_bias: str = "logit_bias"
+    steer: str = "steer"
 
 
 DEFAULT_FIELDS = Fields()
@@ -88,12 +90,14 @@ def prepare_completion(
     truncate: int | None = None,
     fields: Fields = DEFAULT_FIELDS,
     echo: bool = False,
+    steer: list[SteerPart] | None = None,
 ) -> CompletionJob:
-    """A prompt given as text or as token ids, checked against the model and its limits. An echoed
-    prompt is scored whole, however long (lm-eval sends windows longer than a small model's context);
-    its completion continues from the last tokens that fit."""
+    """A prompt given as text or as token ids, checked against the model and its limits, steered where the request
+    asks (features/steering.py). An echoed prompt is scored whole, however long (lm-eval sends windows longer than a
+    small model's context); its completion continues from the last tokens that fit."""
     m = find_model(registry, model_id, "causal", fields.model)
     check_logit_bias(m, params.logit_bias, fields.logit_bias)
+    params = replace(params, steer=steer_of(registry, m, steer, fields.steer))
     if isinstance(prompt, str):
         ids = encode_prompt(m, prompt, settings, fields.prompt)
     else:

@@ -243,3 +243,42 @@ def slices(compute: ComputeThread):
         return compute.call(inside)
 
     return run
+
+
+def steering_vector(
+    compute: ComputeThread,
+    m: ServedModel,
+    pairs: list[tuple[str, str]],
+    blocks: tuple[int, int] | None,
+    method: str,
+    settings: Settings,
+) -> dict[int, torch.Tensor]:
+    """Contrastive activation addition: per block (llama.cpp's N, after 0-based block N), the residual stream at each
+    positive prompt's last token less its negative's, averaged over the pairs ("mean"); or ("pca", repeng's
+    pca_diff) the differences' first principal component, signed and scaled by the mean difference along it."""
+    check_decoder(m)
+    first, last = blocks or (1, m.facts.layers - 1)
+    if not 1 <= first <= last < m.facts.layers:
+        rule = f"from 1 to {m.facts.layers - 1} (llama.cpp's direction.N), first <= last"
+        raise APIError(422, f"layers: [{first}, {last}] is out of range; model {m.id}'s blocks run {rule}", "layers")
+    ids = [
+        (gpt_ids(m, pos, f"pairs[{i}].positive"), gpt_ids(m, neg, f"pairs[{i}].negative"))
+        for i, (pos, neg) in enumerate(pairs)
+    ]
+    check_cost(1, sum(len(p) + len(n) for p, n in ids), settings, "pairs")
+    run = slices(compute)
+    model = run(lambda: decoder_of(m))
+
+    def last_token(tokens: list[int]) -> torch.Tensor:  # (n_layer + 1, C): entry l + 1 is after block l
+        return run(lambda: inspect_hooks.residual_streams(model, torch.tensor([tokens]))[:, -1])
+
+    differences = torch.stack([last_token(p) - last_token(n) for p, n in ids])  # (pairs, n_layer + 1, C)
+    directions = {}
+    for block in range(first, last + 1):
+        d = differences[:, block + 1].double()  # (pairs, C)
+        mean = d.mean(0)
+        if method == "pca" and len(d) > 1:
+            component = torch.linalg.svd(d - mean, full_matrices=False).Vh[0]  # unit, its sign arbitrary
+            mean = component * (mean @ component)  # towards the positives, as long as the mean along it
+        directions[block] = mean.float()
+    return directions

@@ -29,6 +29,7 @@ from server.execution.encoder_step import EncoderStep
 from server.execution.loader import load_runner
 from server.execution.runner import CausalLMRunner, ModelFacts
 from server.serving.placement import Placement, plan
+from server.serving.vectors import NamedVectors
 
 log = logging.getLogger("tinyserve")
 
@@ -83,6 +84,10 @@ class ModelRegistry:
     loaded: threading.Event = field(default_factory=threading.Event)  # set when nothing is left loading
     compiled: threading.Event = field(default_factory=threading.Event)  # set when compiling is over too
     _behind: list[CheckpointInfo] = field(default_factory=list)  # what start's background thread loads
+    vectors: NamedVectors | None = None  # the models' named steering vectors
+
+    def __post_init__(self) -> None:
+        self.vectors = NamedVectors(self.settings.steering_vectors_kept)
 
     def load_all(self) -> None:
         """Load what /health waits for on the compute thread (started here): the default completion model

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, Strict, StringConstraints, field_validato
 
 from models.sampling import SamplingParams
 from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE, MAX_TOKENS, RequestModel, Text
+from server.api.schemas.steering import Steered
 from server.api.schemas.structured import TGIGrammar
 from server.config import Settings
 
@@ -56,7 +57,7 @@ class EosControls(RequestModel):
         )
 
 
-class GenerateParameters(EosControls):
+class GenerateParameters(EosControls, Steered):
     model: str | None = Field(None, description="Model id from GET /models (default: the first completion model).")
     max_new_tokens: int = Field(
         20, ge=1, le=MAX_TOKENS, description="Tokens to generate at most (capped by the server's max_new_tokens_cap)."

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_valid
 from models.sampling import SamplingParams
 from server.api.schemas.base import MAX_PENALTY, MAX_SEED, MAX_TOKENS, Text, no_nul
 from server.api.schemas.generation import EosControls, LogitBias, StopSequence
+from server.api.schemas.steering import Steered
 from server.api.schemas.structured import StructuredOutputs
 from server.config import Settings
 
@@ -20,7 +21,7 @@ def _is_token_ids(v: object) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-class OpenAISampling(EosControls):
+class OpenAISampling(EosControls, Steered):
     """What /v1/completions and /v1/chat/completions share: sampling, stops, penalties, structured output."""
 
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy (OpenAI's range: 0 to 2).")

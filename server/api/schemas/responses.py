@@ -10,6 +10,7 @@ from models.sampling import SamplingParams
 from server.api.schemas.base import MAX_SEED, MAX_TOKENS, RequestModel, Text
 from server.api.schemas.chat import FUNCTION_NAME, MAX_MESSAGES, MAX_TOOLS
 from server.api.schemas.generation import EosControls
+from server.api.schemas.steering import Steered
 from server.config import Settings
 from server.errors import APIError
 from server.features.constraints import Constraint
@@ -80,7 +81,7 @@ class TextConfig(RequestModel):
     verbosity: str | None = None  # accepted, ignored
 
 
-class ResponsesRequest(EosControls):
+class ResponsesRequest(EosControls, Steered):
     model: str = Field(..., description="A model whose tokenizer carries a chat template.")
     input: Text | list[dict[str, Any]] = Field(..., description="Text, or items: messages, function calls, outputs.")
     instructions: Text | None = Field(None, description="A system message for this response (not carried over).")

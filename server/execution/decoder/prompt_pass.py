@@ -21,8 +21,8 @@ from models.gpt import GPT
 from models.kv_cache import PagedKVCache
 from server.execution.decoder.step import SCRATCH_BLOCKS, DecodeStep, forward_over, scratch_pools
 
-# (ids (B, T), positions (B, T), last (B,), table (B, N), *pools) -> next-token logits (B, vocab); writes the
-# prompts' keys and values at their positions, through the tables
+# (ids (B, T), positions (B, T), last (B,), table (B, N), steer_rows (B,), steers (S, n_layer, C), *pools) ->
+# next-token logits (B, vocab); writes the prompts' keys and values at their positions, through the tables
 PromptFn = Callable[..., torch.Tensor]
 
 EXAMPLE_ROWS, EXAMPLE_TOKENS = 2, 24  # the scratch group a graph is traced on (sizes of 0 and 1 would specialise)
@@ -34,10 +34,16 @@ def prompt_pass(model: GPT) -> PromptFn:
     forward = forward_over(model)
 
     def prefill(
-        ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, table: torch.Tensor, *pools: torch.Tensor
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        last: torch.Tensor,
+        table: torch.Tensor,
+        steer_rows: torch.Tensor,
+        steers: torch.Tensor,
+        *pools: torch.Tensor,
     ) -> torch.Tensor:
         """-> the logits after each row's last prompt token (B, vocab)."""
-        return forward(ids, positions, table, pools, logits_at=last)[:, 0]
+        return forward(ids, positions, table, pools, logits_at=last, steering=(steer_rows, steers))[:, 0]
 
     return prefill
 
@@ -79,13 +85,15 @@ class PromptPass:
         width = -(-(T + 16) // 16)
         table = torch.arange(B * width, device=self.device).view(B, width) % (SCRATCH_BLOCKS - 1) + 1
         pools = scratch_pools(self.step.model, SCRATCH_BLOCKS).tensors()
+        steer_rows = torch.tensor([1, 0], device=self.device)  # a steered and a plain prompt
         for t in (ids, positions, table):
             torch._dynamo.mark_dynamic(t, 0)
             torch._dynamo.mark_dynamic(t, 1)
-        torch._dynamo.mark_dynamic(last, 0)
+        for t in (last, steer_rows):
+            torch._dynamo.mark_dynamic(t, 0)
         for t in pools:
             torch._dynamo.mark_dynamic(t, 0)
-        return ids, positions, last, table, *pools
+        return ids, positions, last, table, steer_rows, self.step.steering.scratch(), *pools
 
     def real_inputs(self, bucket: None) -> tuple[torch.Tensor, ...]:
         """A real group's inputs (compiler.py's check): two prompts of the check's text, right-padded."""
@@ -96,16 +104,23 @@ class PromptPass:
         last = torch.tensor(lengths, device=self.device) - 1
         width = -(-T // 16)
         table = torch.arange(B * width, device=self.device).view(B, width) + 1
-        return ids, positions, last, table, *scratch_pools(self.step.model, B * width + 1).tensors()
+        plain, steers = torch.zeros(B, dtype=torch.long, device=self.device), self.step.steering.scratch()
+        return ids, positions, last, table, plain, steers, *scratch_pools(self.step.model, B * width + 1).tensors()
 
     def logits(self, output: torch.Tensor) -> torch.Tensor:
         return output
 
     def __call__(
-        self, ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: PagedKVCache
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        last: torch.Tensor,
+        cache: PagedKVCache,
+        steer_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Logits (B, vocab) after each row's `last` token; the prompts' keys and values written through the
-        cache's tables (B, N >= 2). A one-token prompt runs eagerly (the graph was traced for T > 1)."""
+        cache's tables (B, N >= 2), each row steered by its row of the steering table (B,). A one-token prompt runs
+        eagerly (the graph was traced for T > 1)."""
         compiled = self.compiled.get(None)
         fn = compiled if compiled is not None and ids.shape[1] > 1 else self.uncompiled
-        return fn(ids, positions, last, cache.table, *cache.tensors())
+        return fn(ids, positions, last, cache.table, steer_rows, self.step.steering.vectors, *cache.tensors())

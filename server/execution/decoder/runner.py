@@ -94,10 +94,16 @@ class GPTRunner:
             slots=max_rows,
             kv_blocks=pool,
             verify_tokens=VERIFY_TOKENS if self.verifier.buckets() else 0,
+            steer_width=c.d_model,
         )
 
     def prefill(
-        self, slots: list[int], prompts: list[list[int]], tables: list[list[int]], starts: list[int]
+        self,
+        slots: list[int],
+        prompts: list[list[int]],
+        tables: list[list[int]],
+        starts: list[int],
+        steer_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Right-padded prompt tails (B, T) in one pass, each from its start (the positions before it are its cached
         blocks), written through its block table (slots: unused, the tables say where).
@@ -106,14 +112,22 @@ class GPTRunner:
         steps overwrite (or in the null block). The naive "zero_after" mask normalises over every key that exists,
         padding included, so its prompts go one per pass.
         """
+        steer_rows = steer_rows or [0] * len(prompts)
         if self.model.config.masking != "causal" and len(prompts) > 1:
-            rows = zip(slots, prompts, tables, starts, strict=True)
-            return torch.cat([self.prefill([slot], [p], [t], [s]) for slot, p, t, s in rows])
+            rows = zip(slots, prompts, tables, starts, steer_rows, strict=True)
+            return torch.cat([self.prefill([slot], [p], [t], [s], [v]) for slot, p, t, s, v in rows])
         ids, positions, last, table = prompt_group(prompts, starts, tables, self.facts.eos_id, self.device)
-        return self.prompts(ids, positions, last, self.step.cache.rows(table)).float().cpu()  # (B, V)
+        steered = torch.tensor(steer_rows, device=self.device)
+        return self.prompts(ids, positions, last, self.step.cache.rows(table), steered).float().cpu()  # (B, V)
 
     def decode(self, rows: DecodeRows) -> StepOutput:
         return self.step(rows)
+
+    def steer(self, vectors: torch.Tensor) -> int:
+        return self.step.steering.take(vectors)
+
+    def unsteer(self, row: int) -> None:
+        self.step.steering.drop(row)
 
     def verify(
         self, tokens: list[int], position: int, eos_bias: list[float], table: list[int]

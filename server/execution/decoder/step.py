@@ -33,10 +33,11 @@ from server.execution.decoder.regional import regional_copy
 from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 from server.execution.runner import DecodeRows, StepOutput
+from server.execution.steering import SteeringTable
 
-# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, table (b, N) block ids, *pools
-#   (blocks * 16, *, width)) -> (greedy tokens (b,), their logprobs (b,), logits (b, vocab)); writes the tokens'
-#   keys and values at their positions, reads each row's first N * 16
+# (tokens (b, 1), positions (b, 1), eos_bias (b,), allowed (b, vocab) bool, table (b, N) block ids, steer_rows (b,),
+#   steers (S, n_layer, C), *pools (blocks * 16, *, width)) -> (greedy tokens (b,), their logprobs (b,), logits
+#   (b, vocab)); writes the tokens' keys and values at their positions, reads each row's first N * 16
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -58,14 +59,16 @@ CHECK_TEXT = (
 
 def forward_over(model: GPT, **options) -> Callable[..., torch.Tensor]:
     """The one call of the model behind every pass (the decode step, the prompts' pass, the draft check):
-    forward(ids (B, T), positions (B, T), table (B, N), pools, logits_at=None) -> logits (B, T or 1, vocab), the
-    ids' keys and values written into the rows' blocks. Each pass is this call and a head that makes what it
-    returns."""
+    forward(ids (B, T), positions (B, T), table (B, N), pools, logits_at=None, steering=None) -> logits (B, T or 1,
+    vocab), the ids' keys and values written into the rows' blocks. steering: (steer_rows (B,), steers (S, n_layer,
+    C)), each row's vectors a row of the steering table (server/execution/steering.py; row 0 zeros: a plain row).
+    Each pass is this call and a head that makes what it returns."""
 
-    def forward(ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, pools, logits_at=None):
+    def forward(ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, pools, logits_at=None, steering=None):
         cache = PagedKVCache.from_tensors(pools, model.config.n_layer).rows(table)
+        steer = steering[1][steering[0]] if steering is not None else None  # (B, n_layer, C)
         # forward, not __call__: the compute thread's guard hook is for callers, not for a compiler's trace
-        return model.forward(ids, input_pos=positions, cache=cache, logits_at=logits_at, **options).logits
+        return model.forward(ids, input_pos=positions, cache=cache, logits_at=logits_at, steer=steer, **options).logits
 
     return forward
 
@@ -92,10 +95,12 @@ def eager_step(model: GPT, fused_attention: bool) -> StepFn:
         eos_bias: torch.Tensor,
         allowed: torch.Tensor,
         table: torch.Tensor,
+        steer_rows: torch.Tensor,
+        steers: torch.Tensor,
         *pools: torch.Tensor,
     ):
         """-> greedy tokens (b,), their logprobs (b,), the logits (b, vocab)."""
-        logits = forward(tokens, positions, table, pools)[:, -1]  # (b, vocab)
+        logits = forward(tokens, positions, table, pools, steering=(steer_rows, steers))[:, -1]  # (b, vocab)
         return *greedy_choice(logits, eos_bias, eos_id, allowed), logits
 
     return step
@@ -113,7 +118,8 @@ def compile_order(row_buckets: list[int], max_rows: int) -> list[int]:
 class StepInputs:
     """A row bucket's inputs besides the pools, preallocated and written in place each step (what a compiled
     graph, and on CUDA a captured one, needs): tokens (b, 1), positions (b, 1), EOS bias (b,), allowed
-    tokens (b, vocab) bool, block tables (b, the most blocks a row has), read as views of their first N columns.
+    tokens (b, vocab) bool, block tables (b, the most blocks a row has), read as views of their first N columns,
+    and each row's row of the steering table (b,).
 
     A step's values are written into host arrays: on the CPU numpy views of the inputs themselves (far cheaper
     than writing them through torch), on CUDA views of pinned twins, copied to the device without a
@@ -125,6 +131,7 @@ class StepInputs:
         self.eos_bias = torch.zeros(rows, device=device)
         self.allowed = torch.ones((rows, vocab_size), dtype=torch.bool, device=device)
         self.table = torch.zeros((rows, max_blocks), dtype=torch.long, device=device)
+        self.steer_rows = torch.zeros(rows, dtype=torch.long, device=device)
         self.masked: set[int] = set()  # the rows of `allowed` that are not all True
         host = self.tensors() if device.type == "cpu" else tuple(pinned_like(t) for t in self.tensors())
         self.uploads = [] if device.type == "cpu" else list(zip(host, self.tensors(), strict=True))  # (host, device)
@@ -132,13 +139,13 @@ class StepInputs:
         self.views: dict[int, torch.Tensor] = {}  # N -> the tables' first N columns
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.tokens, self.positions, self.eos_bias, self.table, self.allowed
+        return self.tokens, self.positions, self.eos_bias, self.table, self.steer_rows, self.allowed
 
     def write(self, rows: DecodeRows) -> None:
         """A step's values into rows 0..n-1; padding rows write at position 0 of the null block. Only the rows
         with a mask, and those that had one, touch `allowed`."""
         n = len(rows.tokens)
-        tok, pos, bias, table, ok = self.arrays
+        tok, pos, bias, table, steer, ok = self.arrays
         tok[:n, 0] = rows.tokens
         pos[:n, 0] = rows.positions
         pos[n:] = 0
@@ -146,6 +153,8 @@ class StepInputs:
         for i, blocks in enumerate(rows.tables):
             table[i, : len(blocks)] = blocks
         table[n:] = 0  # padding rows: the null block, never another sequence's
+        steer[:n] = rows.steer_rows if rows.steer_rows is not None else 0
+        steer[n:] = 0
         masks = {i: m for i, m in enumerate(rows.allowed) if m is not None}
         touched = bool(masks or self.masked)
         if touched:
@@ -156,7 +165,7 @@ class StepInputs:
             self.masked = set(masks)
         # pinned twins are rewritten only after the last step's outputs were read back (DecodeStep.read_back),
         # i.e. after the device finished these copies
-        for h, t in self.uploads[: 5 if touched else 4]:
+        for h, t in self.uploads[: 6 if touched else 5]:
             t.copy_(h, non_blocking=True)
 
     def table_view(self, blocks: int) -> torch.Tensor:
@@ -218,6 +227,7 @@ class DecodeStep:
         self.table_width = max(2, self.max_blocks) + 1
         with torch.inference_mode():  # as every step runs: the compiled graphs' guards check the dispatch keys
             self.cache = scratch_pools(model, blocks or max_rows * self.max_blocks + 1)
+            self.steering = SteeringTable(model.config.n_layer, model.config.d_model, max_rows, self.device)
         # what the compiler traces, and what its graphs are checked against (run eagerly, the same kernels): the
         # plain model as one whole graph (frozen on the CPU), or regionally (regional.py):
         # the blocks built once for all layers, the weights graph inputs (the eager model's, prepacked on the CPU):
@@ -249,11 +259,22 @@ class DecodeStep:
 
     def inputs(self, rows: int, columns: int) -> tuple[torch.Tensor, ...]:
         """The shape's fixed inputs: tokens (b, 1), positions (b, 1), EOS bias (b,), allowed tokens (b, vocab),
-        the tables' first N = columns / 16 blocks (b, N), the pools."""
+        the tables' first N = columns / 16 blocks (b, N), the rows' steering rows (b,), the steering table, the
+        pools."""
         if rows not in self._rows:
             self._rows[rows] = StepInputs(rows, self.vocab_size, self.table_width, self.device)
         i = self._rows[rows]
-        return i.tokens, i.positions, i.eos_bias, i.allowed, i.table_view(columns // COLUMN_STEP), *self.cache.tensors()
+        table = i.table_view(columns // COLUMN_STEP)
+        return (
+            i.tokens,
+            i.positions,
+            i.eos_bias,
+            i.allowed,
+            table,
+            i.steer_rows,
+            self.steering.vectors,
+            *self.cache.tensors(),
+        )
 
     def compile_order(self, max_rows: int) -> list[int]:
         return compile_order(self.row_buckets, max_rows)
@@ -293,10 +314,11 @@ class DecodeStep:
         positions = (torch.arange(rows, device=self.device) * 7 % columns).view(rows, 1)
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.rand(rows, self.vocab_size, generator=generator, device=self.device) > 0.25
+        steer_rows = torch.arange(rows, device=self.device) % 2  # plain and steered rows (their values never checked)
         if shared:
-            for t in (tokens, positions, eos_bias, allowed, table):
+            for t in (tokens, positions, eos_bias, allowed, table, steer_rows):
                 torch._dynamo.mark_dynamic(t, 0, min=2, max=self.max_rows)
-        return tokens, positions, eos_bias, allowed, table, *pools
+        return tokens, positions, eos_bias, allowed, table, steer_rows, self.steering.scratch(), *pools
 
     def exported(self, rows: int) -> tuple[WholePass, tuple[torch.Tensor, ...], tuple]:
         """The whole step as torch.export takes it (server/execution/packaged.py): over the plain model, on
@@ -304,8 +326,8 @@ class DecodeStep:
         example = self.example(rows)
         blocks = torch.export.Dim("blocks", min=2, max=max(2, self.compiled_columns // COLUMN_STEP))
         pool = COLUMN_STEP * torch.export.Dim("pool_blocks", min=2)  # whole blocks
-        pools = [{0: pool}] * len(example[5:])
-        return WholePass(self.model, self.traced), example, (None, None, None, None, {1: blocks}, *pools)
+        pools = [{0: pool}] * len(example[7:])
+        return WholePass(self.model, self.traced), example, (None, None, None, None, {1: blocks}, None, None, *pools)
 
     def check_tokens(self, start: int, length: int) -> list[int]:
         """`length` tokens of the check's text from `start` on (wrapping round)."""
@@ -334,7 +356,17 @@ class DecodeStep:
         eos_bias = torch.zeros(rows, device=self.device)
         allowed = torch.ones((rows, self.vocab_size), dtype=torch.bool, device=self.device)
         table = self.table_like(cache.table, columns // COLUMN_STEP)
-        return picked.view(rows, 1), positions, eos_bias, allowed, table, *cache.tensors()
+        plain = torch.zeros(rows, dtype=torch.long, device=self.device)
+        return (
+            picked.view(rows, 1),
+            positions,
+            eos_bias,
+            allowed,
+            table,
+            plain,
+            self.steering.scratch(),
+            *cache.tensors(),
+        )
 
     def table_like(self, table: torch.Tensor, blocks: int) -> torch.Tensor:
         """The table's first `blocks` columns, strided as the live tables' views (a compiled graph called directly
