@@ -89,9 +89,8 @@ def export(argv: list[str]) -> None:
 
 
 def store(argv: list[str]) -> None:
-    from pathlib import Path
-
     import json
+    from pathlib import Path
 
     from model_store.control_vectors import ControlVectorError, add_vector
     from model_store.ingest import add_checkpoint

@@ -16,7 +16,7 @@ from server.engine.events import Retired
 from server.execution.decoder.runner import GPTRunner
 from server.execution.steering import SteeringTable
 from tests.conftest import tiny_gpt
-from tests.test_families import VOCAB, byte_tokenizer, families
+from tests.test_families import byte_tokenizer, families
 
 FAMILY_BLOCKS = {
     "llama": lambda m: m.model.layers,
@@ -118,7 +118,9 @@ def test_steered_and_plain_rows_in_one_batch_each_equal_their_solo_runs():
     steered = SamplingParams(**{**GREEDY.__dict__, "steer": steer})
     prompts = [[5, 9, 17, 33], [40, 41, 7, 8, 12], [3, 4, 5]]
     kinds = [steered, GREEDY, steered]
-    solo = [generated(GenerationEngine(GPTRunner(model, None, 4)), [p], [k])[0] for p, k in zip(prompts, kinds)]
+    solo = [
+        generated(GenerationEngine(GPTRunner(model, None, 4)), [p], [k])[0] for p, k in zip(prompts, kinds, strict=True)
+    ]
     engine = GenerationEngine(GPTRunner(model, None, 4))
     together = generated(engine, prompts, kinds)
     assert together == solo
