@@ -27,6 +27,7 @@ from server.api.schemas.base import MAX_EOS_BIAS, MAX_PENALTY, MAX_SEED, MAX_TEM
 from server.api.schemas.chat import ChatMessage, FunctionTool
 from server.api.schemas.generation import NEVER, GenerateParameters
 from server.api.schemas.inspect import AblateRequest, LogitLensRequest, PatchRequest
+from server.api.schemas.steering import SteerPart
 from server.config import Settings, default
 from server.engine.events import FinishEvent
 from server.errors import APIError
@@ -150,6 +151,13 @@ class Runner(BaseRunner):
             "({content, tool_calls}).",
         ),
         tool_choice: str = Input(default="auto", description="with tools: auto, none, required, or a function's name."),
+        steer: str = Input(
+            default="",
+            max_length=1_000_000,
+            description='complete: activation steering as JSON, [{"layer", "vector" or "name", "scale"}], as the '
+            "API's steer: each vector times its scale added after its block (counted from 0, as llama.cpp's "
+            "direction.N).",
+        ),
     ) -> AsyncConcatenateIterator[str]:
         """Each prediction a request on the shared engine (predictions at once share its batch); the other tasks
         run on the compute thread, awaited off the event loop."""
@@ -168,6 +176,7 @@ class Runner(BaseRunner):
                     eos_bias=eos_bias,
                     eos_bias_decay=None if eos_bias_decay >= 1.0 else eos_bias_decay,
                     min_new_tokens=min_new_tokens,
+                    steer=self._steer(steer) if steer else None,
                 )
                 use = self._tool_use(tools, tool_choice) if tools else None
                 async for text in self._complete(parameters, prompt, messages, json_schema, regex, use):
@@ -184,11 +193,18 @@ class Runner(BaseRunner):
         except APIError as e:
             raise ValueError(e.message) from None  # cog reports it as the failure
         except json.JSONDecodeError as e:
-            raise ValueError(f"{'heads' if task in INSPECT else 'messages or tools'}: not JSON ({e})") from None
+            raise ValueError(f"{'heads' if task in INSPECT else 'messages, tools or steer'}: not JSON ({e})") from None
         except ValidationError as e:  # the same request rules as the HTTP API
             raise ValueError(
                 "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
             ) from None
+
+    @staticmethod
+    def _steer(steer: str) -> list[SteerPart]:
+        parsed = json.loads(steer)
+        if not isinstance(parsed, list):
+            raise APIError(422, "steer: a JSON list of {layer, vector or name, scale}", "steer")
+        return [SteerPart.model_validate(p, strict=False) for p in parsed]
 
     @staticmethod
     def _tool_use(tools: str, choice: str) -> ToolUse:
@@ -213,13 +229,17 @@ class Runner(BaseRunner):
             if not isinstance(parsed, list):
                 raise APIError(422, "messages: a JSON list of {role, content}", "messages")
             conversation = [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parsed]
-            turn = prepare_chat_job(self.registry, self.settings, parameters.model, conversation, params, tools)
+            turn = prepare_chat_job(
+                self.registry, self.settings, parameters.model, conversation, params, tools, parameters.steer
+            )
             turn = with_constraint(turn, c)
             job, c = turn.job, turn.constraint
         elif tools is not None:
             raise APIError(422, "tools: only with messages", "tools")
         else:
-            job = prepare_completion(self.registry, self.settings, parameters.model, prompt, params)
+            job = prepare_completion(
+                self.registry, self.settings, parameters.model, prompt, params, steer=parameters.steer
+            )
         if c is not None:  # grammars compile off the event loop
             job = await asyncio.to_thread(constrained, job, c, self.settings)
         if turn is not None and turn.calls is not None:  # one item: the message, its calls read out

@@ -211,6 +211,28 @@ def test_a_compiled_step_chooses_among_the_allowed_tokens(rope_built):
     assert got[0][0] == logits.masked_fill(~allowed[0], float("-inf")).argmax()
 
 
+@pytest.mark.compile
+def test_a_compiled_step_steers_its_steered_rows_as_the_eager_step(rope_built):
+    """Steering on the graph: a row reading a row of the steering table gets the eager step's steered logits, a plain
+    row beside it (row 0 of the table) the plain ones, in the one compiled two-row graph."""
+    assert rope_built.finished
+    step = GPTRunner(rope_built.model, None, 2).step
+    compiled = rope_built.engine.runner.step.compiled[2]
+    tok, pos, bias, allowed, table, steer_rows, steers, *pools = step.inputs(2, 32)
+    pos[:, 0] = torch.tensor([9, 12])
+    table.copy_(torch.tensor([[1, 2], [3, 4]]))  # each row its own blocks: a steered row's keys are its own
+    with torch.inference_mode():
+        plain = compiled(tok, pos, bias, allowed, table, steer_rows, steers, *pools)[2].clone()
+        steers[1].normal_(generator=torch.Generator().manual_seed(0))
+        steer_rows[0] = 1
+        want = step.traced(tok, pos, bias, allowed, table, steer_rows, steers, *pools)
+        got = compiled(tok, pos, bias, allowed, table, steer_rows, steers, *pools)
+    assert got[0].tolist() == want[0].tolist()
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-4)
+    assert (got[2][0] - plain[0]).abs().max() > 0.1
+    torch.testing.assert_close(got[2][1], plain[1], rtol=1e-4, atol=1e-4)
+
+
 SCALE = torch.tensor(3.0)
 
 

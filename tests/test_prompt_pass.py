@@ -13,18 +13,22 @@ from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started
 
 
-def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]]):
+def prefill_both(runner: GPTRunner, slots: list[int], prompts: list[list[int]], steered: list[int] | None = None):
     """The group's logits and written pool, eagerly and compiled (the same blocks, from the same zeroed pool): each
-    prompt in blocks of its own, scattered (the slots name where they start)."""
+    prompt in blocks of its own, scattered (the slots name where they start); the `steered` rows with a random
+    vector after every block."""
     width = -(-max(len(p) for p in prompts) // 16)
     tables = [[1 + (slot * width + i) * 3 % (runner.step.cache.blocks - 1) for i in range(width)] for slot in slots]
     ids, positions, last, table = prompt_group(prompts, [0] * len(prompts), tables, 0, runner.device)
+    steers = torch.zeros_like(runner.step.steering.vectors)
+    steers[1:].normal_(generator=torch.Generator().manual_seed(4))
+    steer_rows = torch.tensor([1 + i if i in (steered or []) else 0 for i in range(len(prompts))])
     out = []
     for fn in (runner.prompts.uncompiled, runner.prompts.compiled[None]):
         pools = runner.step.cache.tensors()
         for t in pools:
             t.zero_()
-        logits = fn(ids, positions, last, table, *pools)
+        logits = fn(ids, positions, last, table, steer_rows, steers, *pools)
         out.append((logits.clone(), [t.clone() for t in pools]))
     return out
 
@@ -57,11 +61,13 @@ def rope_runner():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_compiled_prompt_pass_matches_eager_for_any_group(variant, request):
     """Groups of one and of three prompts (different lengths, right-padded, slots not at 0): the next-token
-    logits and every key and value written match the eager pass within float32's rounding."""
+    logits and every key and value written match the eager pass within float32's rounding, steered rows too."""
     runner = request.getfixturevalue("rope_runner") if variant == "rope" else with_prompt_pass(variant)
     with torch.inference_mode():
-        for slots, prompts in [([0], [[5, 17, 3, 42, 8, 11, 2, 9]]), ([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17])]:
-            (want, want_cache), (got, got_cache) = prefill_both(runner, slots, prompts)
+        groups = [([0], [[5, 17, 3, 42, 8, 11, 2, 9]], None), ([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17], None)]
+        groups.append(([1, 2, 3], [[4] * 30, [7, 1, 9], [2] * 17], [0, 2]))  # steered and plain prompts in one
+        for slots, prompts, steered in groups:
+            (want, want_cache), (got, got_cache) = prefill_both(runner, slots, prompts, steered)
             assert got.shape == (len(prompts), 97)
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
             for g, w in zip(got_cache, want_cache, strict=True):

@@ -205,7 +205,7 @@ class HFCausalLMRunner:
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 
-    def logits(self, ids: list[int]) -> torch.Tensor:
+    def logits(self, ids: list[int], steer: object = None) -> torch.Tensor:  # never steered (steer_width 0)
         return self.model(torch.tensor([ids], device=self.device)).logits[0]
 
     def attention(self, ids: list[int]) -> list[torch.Tensor]:

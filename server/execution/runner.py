@@ -175,8 +175,9 @@ class CausalLMRunner(Protocol):
         for a paged cache)."""
         ...
 
-    def logits(self, ids: list[int]) -> torch.Tensor:
-        """Every position's next-token logits (T, vocab) of one sequence, no cache: scoring."""
+    def logits(self, ids: list[int], steer: torch.Tensor | None = None) -> torch.Tensor:
+        """Every position's next-token logits (T, vocab) of one sequence, no cache: scoring; steered by the
+        (facts.layers, facts.steer_width) vectors where given."""
         ...
 
     def attention(self, ids: list[int]) -> list[torch.Tensor]:
@@ -195,7 +196,9 @@ class CausalLMRunner(Protocol):
 
 
 @torch.inference_mode()
-def token_logprobs(runner: CausalLMRunner, ids: list[int], top_n: int) -> TokenLogprobs:
+def token_logprobs(
+    runner: CausalLMRunner, ids: list[int], top_n: int, steer: torch.Tensor | None = None
+) -> TokenLogprobs:
     """log p(ids[t] | ids[:t]) for t >= 1 and the top alternatives at each position. /score and the echoed
     prompts of /v1/completions both read their logprobs here.
 
@@ -211,7 +214,7 @@ def token_logprobs(runner: CausalLMRunner, ids: list[int], top_n: int) -> TokenL
         window = ids[start : start + L]
         first = len(logprobs) + 1 - start  # the window's first target not scored yet
         logp = torch.log_softmax(
-            runner.logits(window)[first - 1 : -1].float(), dim=-1
+            runner.logits(window, steer)[first - 1 : -1].float(), dim=-1
         )  # row r predicts window[first + r]
         targets = torch.tensor(window[first:], device=logp.device)
         logprobs += logp[torch.arange(len(targets), device=logp.device), targets].tolist()

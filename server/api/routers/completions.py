@@ -71,6 +71,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
             params,
             fields=Fields(prompt=f"prompt[{i}]" if many else "prompt"),
             echo=body.echo,
+            steer=body.steer,
         )
         for i, prompt in enumerate(body.prompt)
     ]
@@ -181,7 +182,8 @@ async def echo_of(job: CompletionJob, alternatives: int | None, compute: Compute
     text = m.tokenizer.decode(ids)
     if alternatives is None:
         return Echo(text)
-    scored = await compute.run(token_logprobs, m.runner, ids, alternatives)
+    steer = job.params.steer.vectors if job.params.steer is not None else None  # the prompt as the request reads it
+    scored = await compute.run(token_logprobs, m.runner, ids, alternatives, steer)
     decode = m.tokenizer.decode
     top = [top_dict((decode([a]), v) for a, v in alts) for alts in scored.top]
     logprobs = Logprobs(

@@ -31,9 +31,11 @@ router = APIRouter(tags=["completion (TGI format)"])
 
 async def prepare(body: GenerateRequest, registry: ModelRegistry, settings: Settings) -> CompletionJob:
     p = body.parameters
-    fields = Fields(model="parameters.model", prompt="inputs", logit_bias="parameters.logit_bias")
+    fields = Fields(
+        model="parameters.model", prompt="inputs", logit_bias="parameters.logit_bias", steer="parameters.steer"
+    )
     params = p.to_sampling_params(settings)
-    job = prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields)
+    job = prepare_completion(registry, settings, p.model, body.inputs, params, p.truncate, fields, steer=p.steer)
     grammar = p.grammar.constraint("parameters.grammar") if p.grammar else None
     return await run_in_threadpool(constrained, job, grammar, settings)
 

@@ -2,7 +2,7 @@
 // model with a chat template, a conversation whose replies stream from POST /v1/chat/completions.
 
 import { $, post } from "./api.js";
-import { REQUESTS, chatModel, conversation } from "./requests.js";
+import { REQUESTS, chatModel, conversation, steerField, steeringVectorRequest } from "./requests.js";
 
 let generation = null; // AbortController of the running stream
 
@@ -53,17 +53,35 @@ async function streamed(run) {
   }
 }
 
+/** The two prompts' steering vector, made (and kept by name) before a request that names it. */
+async function madeSteeringVector() {
+  if ($("steer").value !== "contrast") return;
+  const { path, body } = steeringVectorRequest();
+  const made = await post(path, body);
+  if (!made.ok) throw new Error((await made.json()).error);
+}
+
 async function complete() {
   const out = document.querySelector("#completion .generated");
   document.querySelector("#completion .prompt-echo").textContent = $("prompt").value;
   out.textContent = "";
+  const { body } = REQUESTS.complete();
+  const steered = Boolean(steerField());
+  $("plain-box").hidden = !steered;
+  $("completion-plain").textContent = "";
+  await madeSteeringVector();
   await streamed(async (signal, token) => {
-    for await (const data of events(await post("/generate_stream", REQUESTS.complete().body, signal))) {
+    for await (const data of events(await post("/generate_stream", body, signal))) {
       out.textContent += data.token.text;
       token();
       if (data.details) $("finish-reason").textContent = data.details.finish_reason;
     }
   });
+  if (steered) { // the same request without its steer, beside it
+    const { steer, ...plain } = body.parameters;
+    const answer = await (await post("/generate", { ...body, parameters: plain })).json();
+    $("completion-plain").textContent = body.inputs + answer.generated_text;
+  }
 }
 
 function addTurn(role, content) {
@@ -89,6 +107,7 @@ async function chatTurn() {
   const reply = addTurn("assistant", "");
   const calls = [];
   $("prompt").value = "";
+  await madeSteeringVector();
   const untold = () => { // a failed turn leaves the conversation as it was, the message back in its box
     asked.parentElement.remove();
     reply.parentElement.remove();

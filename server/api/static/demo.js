@@ -5,7 +5,7 @@ import { drawHeadGrid, drawHeatmap } from "./attention.js";
 import { showCard } from "./card.js";
 import { drawAblated, drawEachHead, drawLens, drawPatch } from "./inside.js";
 import { clearConversation, generate, showChatView, stopGeneration } from "./complete.js";
-import { REQUESTS, defaultCompletionModel, served } from "./requests.js";
+import { CONTRAST_VECTOR, REQUESTS, defaultCompletionModel, served } from "./requests.js";
 import { applyState, linkFor, readState, stateOf } from "./share.js";
 import { snippets } from "./snippets.js";
 
@@ -42,6 +42,7 @@ async function loadModels() {
   };
   fill($("gen-model"), served.models.filter((m) => m.kind === "causal"));
   showChatView();
+  loadVectors();
   fill($("att-model"), served.models);
   fill($("in-model"), served.models);
   fill($("card-model"), served.models);
@@ -65,6 +66,34 @@ function updateLayerHead() {
     if (i >= selfHeads) o.text = `${i} (relational)`;
     return o;
   }));
+}
+
+/** The Steer row's inputs for what is chosen: the block and the two prompts for a contrast, the scale for any. */
+function showSteer() {
+  const chosen = $("steer").value;
+  for (const box of document.querySelectorAll(".steer-box")) box.hidden = !chosen;
+  $("steer-layer").parentElement.hidden = chosen !== "contrast";
+  $("steer-prompts").hidden = chosen !== "contrast";
+}
+
+/** The selected model's named vectors as Steer choices (GET /inspect/steering-vectors), its blocks as the range. */
+async function loadVectors() {
+  const model = served.models.find((m) => m.id === $("gen-model").value);
+  const select = $("steer");
+  const keep = [...select.options].slice(0, 2);
+  const steerable = model && model.kind === "causal" && model.layers > 1;
+  select.parentElement.hidden = !steerable;
+  if (!steerable) { select.value = ""; showSteer(); return; }
+  $("steer-layer").max = String(model.layers - 1);
+  let names = [];
+  try {
+    const listed = await get(`/inspect/steering-vectors?model=${encodeURIComponent(model.id)}`);
+    if (listed.ok) names = (await listed.json()).vectors.filter((n) => n !== CONTRAST_VECTOR);
+  } catch (_) { /* no vectors listed: the two prompts remain */ }
+  const chosen = select.value;
+  select.replaceChildren(...keep, ...names.map((n) => new Option(`vector: ${n}`, n)));
+  if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
+  showSteer();
 }
 
 function bindSliders() {
@@ -323,10 +352,11 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   $("stop").addEventListener("click", stopGeneration);
   $("att-model").addEventListener("change", updateLayerHead);
-  $("gen-model").addEventListener("change", () => { clearConversation(); showChatView(); updateApiPanel(); });
+  $("gen-model").addEventListener("change", () => { clearConversation(); showChatView(); loadVectors(); updateApiPanel(); });
   $("chat-mode").addEventListener("change", () => { showChatView(); updateApiPanel(); });
   $("chat-clear").addEventListener("click", () => { clearConversation(); updateApiPanel(); });
   $("constrain").addEventListener("change", () => { $("constraint-box").hidden = !$("constrain").value; });
+  $("steer").addEventListener("change", showSteer);
   $("constrain").addEventListener("input", () => { $("constraint-box").hidden = !$("constrain").value; });
   $("in-view").addEventListener("change", showViewFields);
   $("in-view").addEventListener("input", showViewFields);

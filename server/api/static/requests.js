@@ -12,7 +12,8 @@ export const FIELDS = {
   complete: {
     model: "gen-model", prompt: "prompt", temperature: "temperature", top_k: "top_k", top_p: "top_p",
     max_new_tokens: "max_new_tokens", eos_bias: "eos_bias", eos_bias_decay: "eos_bias_decay", seed: "seed",
-    constrain: "constrain", constraint: "constraint",
+    constrain: "constrain", constraint: "constraint", steer: "steer", steer_layer: "steer-layer",
+    steer_scale: "steer-scale", steer_positive: "steer-positive", steer_negative: "steer-negative",
   },
   fillmask: { text: "mask-text", top_k: "mask-topk" },
   attention: { model: "att-model", layer: "att-layer", head: "att-head", text: "att-text" },
@@ -36,9 +37,31 @@ export function completeRequest() {
   return $("chat-mode").checked && chatModel() ? chatRequest() : completionRequest();
 }
 
-/** The sliders' sampling fields both APIs share: top-k and top-p when sampling, the EOS bias, its decay, the seed. */
+export const CONTRAST_VECTOR = "page-contrast"; // the name the page keeps its two prompts' vector under
+
+/** The Steer row's `steer` field: the two prompts' vector (made first: steeringVectorRequest) at its block, or a
+ * named vector of the model (every block it has); null for nothing. */
+export function steerField() {
+  const chosen = $("steer").value;
+  if (!chosen) return null;
+  if (chosen === "contrast") return [{ name: CONTRAST_VECTOR, scale: num("steer-scale") }];
+  return [{ name: chosen, scale: num("steer-scale") }];
+}
+
+/** POST /inspect/steering-vector for the two prompts, at the chosen block, kept under CONTRAST_VECTOR. */
+export function steeringVectorRequest() {
+  const layer = num("steer-layer");
+  const pairs = [{ positive: $("steer-positive").value, negative: $("steer-negative").value }];
+  return { path: "/inspect/steering-vector",
+    body: { model: $("gen-model").value, pairs, layers: [layer, layer], name: CONTRAST_VECTOR } };
+}
+
+/** The sliders' sampling fields both APIs share: top-k and top-p when sampling, the EOS bias, its decay, the seed,
+ * and the steer. */
 function samplingFields(temperature) {
   const f = {};
+  const steer = steerField();
+  if (steer) f.steer = steer;
   if (temperature > 0) {
     if (num("top_k") > 0) f.top_k = num("top_k");
     if (num("top_p") < 1) f.top_p = num("top_p");

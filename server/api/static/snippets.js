@@ -55,7 +55,7 @@ function openaiSnippet({ body }, ctx) {
   if (p.top_p !== undefined) args.top_p = p.top_p;
   if (p.seed !== undefined) args.seed = p.seed;
   const extra = {};
-  for (const k of ["top_k", "eos_bias", "eos_bias_decay"]) if (p[k] !== undefined) extra[k] = p[k];
+  for (const k of ["top_k", "eos_bias", "eos_bias_decay", "steer"]) if (p[k] !== undefined) extra[k] = p[k];
   if (p.grammar) extra.structured_outputs = { [p.grammar.type]: p.grammar.value }; // vLLM's, on /v1
   if (Object.keys(extra).length) args.extra_body = extra; // tinyserve's extensions of the OpenAI format
   return openaiCall(ctx, "completion = client.completions.create", args, "print(completion.choices[0].text)");
@@ -66,7 +66,7 @@ function openaiChatSnippet({ body }, ctx) {
   const args = {};
   const extra = {};
   for (const [k, v] of Object.entries(body)) {
-    if (["top_k", "eos_bias", "eos_bias_decay", "structured_outputs"].includes(k)) extra[k] = v;
+    if (["top_k", "eos_bias", "eos_bias_decay", "structured_outputs", "steer"].includes(k)) extra[k] = v;
     else args[k] = v;
   }
   if (Object.keys(extra).length) args.extra_body = extra;
@@ -81,6 +81,7 @@ function inferenceClientSnippet({ body }, ctx) {
   if (p.model !== ctx.defaultModel) lost.push(`model=${p.model}`);
   if (p.eos_bias !== ctx.defaultEosBias) lost.push(`eos_bias=${p.eos_bias}`);
   if (p.eos_bias_decay !== undefined) lost.push(`eos_bias_decay=${p.eos_bias_decay}`);
+  if (p.steer !== undefined) lost.push("steer");
   const lines = ["import os", "", "from huggingface_hub import InferenceClient", ""];
   if (lost.length) {
     lines.push(`# text_generation() has no argument for ${lost.join(", ")}: this call gets the server's defaults`,
@@ -102,6 +103,7 @@ function cogSnippet(tab, { body }) {
     if (body.response_format) inputs.push(["json_schema", JSON.stringify(body.response_format.json_schema.schema)]);
     if (body.structured_outputs) inputs.push(["regex", body.structured_outputs.regex]);
     if (body.tools) inputs.push(["tools", JSON.stringify(body.tools)], ["tool_choice", body.tool_choice]);
+    if (body.steer) inputs.push(["steer", JSON.stringify(body.steer)]);
   } else if (tab === "complete") {
     const p = body.parameters;
     inputs.push(["prompt", body.inputs], ["model", p.model], ["max_new_tokens", p.max_new_tokens],
@@ -115,6 +117,7 @@ function cogSnippet(tab, { body }) {
       const value = typeof p.grammar.value === "string" ? p.grammar.value : JSON.stringify(p.grammar.value);
       inputs.push([p.grammar.type === "json" ? "json_schema" : "regex", value]);
     }
+    if (p.steer) inputs.push(["steer", JSON.stringify(p.steer)]);
   } else if (tab === "fillmask") {
     inputs.push(["task", "fill-mask"], ["prompt", body.inputs], ["top_n", body.top_k]);
   } else if (tab === "attention") {

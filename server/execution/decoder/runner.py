@@ -137,8 +137,9 @@ class GPTRunner:
     def move(self, src: int, dst: int, length: int) -> None:
         """Nothing to move: a sequence's keys and values stay in its blocks, its table travels with its row."""
 
-    def logits(self, ids: list[int]) -> torch.Tensor:
-        return self.model(torch.tensor([ids], device=self.device)).logits[0]
+    def logits(self, ids: list[int], steer: torch.Tensor | None = None) -> torch.Tensor:
+        steer = steer.to(self.device)[None] if steer is not None else None
+        return self.model(torch.tensor([ids], device=self.device), steer=steer).logits[0]
 
     def attention(self, ids: list[int]) -> list[torch.Tensor]:
         out = self.model(torch.tensor([ids], device=self.device), return_attention=True)
