@@ -3,7 +3,7 @@ target words after neutral prompts, per block and scale, and a completion steere
 (docs/LOOKING_INSIDE.md, "Steering"). Through the served routes, in process: POST /inspect/steering-vector makes
 the vector, /v1/completions with `echo` and `logprobs` scores each target word after each prompt with `steer`.
 
-    .venv/bin/python bench/steering_study.py [--model gpt-wikitext2] [--scales -8,-4,4,8]
+    .venv/bin/python bench/steering_study.py [--model gpt-wikitext2] [--scales -2,-1,-0.5,0.5,1,2] [--example-scale 1]
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gpt-wikitext2")
-    parser.add_argument("--scales", default="-8,-4,4,8")
+    parser.add_argument("--scales", default="-2,-1,-0.5,0.5,1,2")
+    parser.add_argument("--example-scale", type=float, default=1.0, help="the steered completion's scale")
     args = parser.parse_args()
     scales = [float(s) for s in args.scales.split(",")]
     settings = Settings(store=REPO / "model_store", models=[args.model], dtype="float32")
@@ -90,7 +91,7 @@ def main() -> None:
                 ]
                 print(f"| {block} | {scale:+g} | {shift[0]:+.3f} | {shift[1]:+.3f} |")
         prompt = "The town is known for its"
-        for steer in (None, [{"name": "war", "layer": layers // 2, "scale": 8.0}]):
+        for steer in (None, [{"name": "war", "layer": layers // 2, "scale": args.example_scale}]):
             body = {"inputs": prompt, "parameters": {"max_new_tokens": 24, "eos_bias": -1e9}}
             if steer:
                 body["parameters"]["steer"] = steer
