@@ -1,10 +1,12 @@
 """What steering costs: time per token of 8 streams of which half are steered against 8 plain ones, over HTTP.
 
-    .venv/bin/python bench/bench_steering.py [--shape smollm2-135m] [--streams 8] [--rounds 5]
+    .venv/bin/python bench/bench_steering.py [--shape smollm2-135m] [--streams 8] [--rounds 5] [--values]
 
 A random checkpoint at the shape (bench/bench_families.py; `--shape gpt-wikitext2` serves the shipped GPT instead)
 is served in its own process, its compiled steps built first. Each request is greedy, 64 tokens exactly; in the
-mixed kind every other request carries a `steer` (a vector after every block but the first). Rounds alternate the
+mixed kind every other request carries a `steer`: a vector from a contrasting pair (POST /inspect/steering-vector)
+after every block but the first, named (or, with --values, its values sent: 300 KB of JSON a request at the
+SmolLM2 shape). Rounds alternate the
 kinds; the median per-round time per token and the ratio mixed / plain. That 8 plain streams are as fast as before
 the change is bench/bench_checkouts.py's comparison of two checkouts.
 """
@@ -20,7 +22,6 @@ import threading
 from pathlib import Path
 
 import httpx
-import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -48,6 +49,7 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2-135m")
     ap.add_argument("--streams", default="8")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--values", dest="by_name", action="store_false", help="send the vectors' values, not their name")
     args = ap.parse_args()
     streams_list = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as work:
@@ -60,11 +62,14 @@ def main() -> None:
         batch = str(max(streams_list))
         with http_server(store, models=f'["{model}"]', compile_max_batch=batch, max_batch_size=batch) as (url, _):
             wait_compiled(url)  # time the compiled steps, not eager ones
-            info = httpx.get(f"{url}/models/{model}").json()
-            layers, width = info["layers"], info["config"].get("d_model", info["config"].get("hidden_size"))
-            g = torch.Generator().manual_seed(0)
-            vectors = [(0.05 * torch.randn(width, generator=g)).tolist() for _ in range(1, layers)]
-            steer = [{"layer": n, "vector": v} for n, v in enumerate(vectors, start=1)]
+            pairs = [{"positive": "I love this, it is wonderful", "negative": "I hate this, it is awful"}]
+            made = httpx.post(f"{url}/inspect/steering-vector", json={"model": model, "pairs": pairs, "name": "bench"})
+            made.raise_for_status()  # a direction after every block but the first, kept by name
+            steer = (
+                [{"name": "bench", "scale": 1.0}]
+                if args.by_name
+                else [{"layer": int(n), "vector": v} for n, v in made.json()["layers"].items()]
+            )
             for streams in streams_list:
                 sends = {
                     kind: functools.partial(request, url, model, itertools.cycle(pattern), threading.Lock())

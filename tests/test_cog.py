@@ -256,6 +256,27 @@ def test_cog_and_http_give_the_same_text_for_the_same_request_and_seed(cog_serve
     assert "".join(cog.json()["output"]) == http_text and http_text
 
 
+@pytest.mark.slow
+def test_a_steered_prediction_gives_the_steered_http_text(cog_server, cog_store):
+    """Cog's `steer` input is the API's field as JSON: the same steered text as POST /generate, not the plain one."""
+    from fastapi.testclient import TestClient
+
+    from server.api.app import create_app
+    from server.config import Settings
+
+    steer = [{"layer": 1, "vector": [0.5 * (-1) ** i for i in range(32)], "scale": 6.0}]
+    inputs = {"prompt": "The castle", "max_new_tokens": 12, "temperature": 0.0, "eos_bias": -1e9}
+    cog = httpx.post(f"{cog_server}/predictions", json={"input": {**inputs, "steer": json.dumps(steer)}}, timeout=60)
+    assert cog.json()["status"] == "succeeded", cog.json()
+    parameters = {"max_new_tokens": 12, "eos_bias": -1e9, "model": "tiny-gpt"}
+    with TestClient(create_app(Settings(store=cog_store, models=["tiny-gpt"]))) as c:
+        steered = c.post("/generate", json={"inputs": "The castle", "parameters": {**parameters, "steer": steer}})
+        plain = c.post("/generate", json={"inputs": "The castle", "parameters": parameters})
+    assert "".join(cog.json()["output"]) == steered.json()["generated_text"] != plain.json()["generated_text"]
+    bad = httpx.post(f"{cog_server}/predictions", json={"input": {**inputs, "steer": '[{"layer": 0, "name": "x"}]'}})
+    assert bad.json()["status"] == "failed" and "steer" in bad.json()["error"]
+
+
 @pytest.mark.parametrize("bias, ends_at_once", [(100.0, True), (-1e9, False)])
 def test_the_servers_default_eos_bias_reaches_the_cog_predictor(cog_store, monkeypatch, bias, ends_at_once):
     """TINYSERVE_DEFAULT_EOS_BIAS changes a prediction that sets no eos_bias as it changes /generate."""
