@@ -19,7 +19,10 @@ def test_a_steered_completion_is_shown_beside_the_plain_one(page):  # noqa: F811
     page.fill("#steer-scale", "16")
     page.dispatch_event("#steer-scale", "input")
     page.click("#generate")
-    finished(page)
+    try:
+        finished(page)
+    except Exception:
+        raise AssertionError(f"{page.text_content('#error')!r} {page.text_content('#finish-reason')!r}") from None
     page.wait_for_function("document.querySelector('#completion-plain').textContent.length > 0", timeout=30_000)
     steered = page.text_content("#completion .generated")
     plain = page.text_content("#completion-plain")

@@ -163,7 +163,9 @@ def test_a_scale_that_is_not_finite_is_refused(client):
 def test_steering_vector_requests_are_checked(client):
     pairs = [{"positive": "a", "negative": "b"}]
     bad = client.post("/inspect/steering-vector", json={"pairs": pairs, "layers": [0, 1]})
-    assert bad.status_code == 422 and error_of(bad)["field"] == "layers"
+    assert bad.status_code == 422 and error_of(bad)["field"] == "layers" and "out of range" in error_of(bad)["error"]
+    one = client.post("/inspect/steering-vector", json={"pairs": pairs, "layers": [1, 1]})
+    assert one.status_code == 200 and list(one.json()["layers"]) == ["1"]
     assert client.post("/inspect/steering-vector", json={"pairs": []}).status_code == 422
     missing = client.get("/inspect/steering-vector/unknown.gguf")
     assert missing.status_code == 404

@@ -24,8 +24,9 @@ async def steering_vector(body: SteeringVectorRequest, registry: Registry, setti
     """A direction per block from contrasting prompt pairs; kept under `name` for `steer` to name."""
     m = find_model(registry, body.model, "causal", "model")
     pairs = [(p.positive, p.negative) for p in body.pairs]
+    blocks = tuple(body.layers) if body.layers is not None else None
     made = await run_in_threadpool(
-        inspecting.steering_vector, registry.compute, m, pairs, body.layers, body.method, settings
+        inspecting.steering_vector, registry.compute, m, pairs, blocks, body.method, settings
     )
     if body.name is not None:
         registry.vectors.add(m.id, body.name, made)

@@ -54,8 +54,11 @@ class ContrastPair(RequestModel):
 class SteeringVectorRequest(RequestModel):
     model: str | None = Field(None, description="A completion model on the decoder (default: the first).")
     pairs: list[ContrastPair] = Field(..., min_length=1, max_length=MAX_PAIRS)
-    layers: tuple[int, int] | None = Field(
-        None, description="[first, last] blocks to make a direction for, as `steer`'s layer (default: all, 1..n-1)."
+    layers: list[int] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="[first, last] blocks to make a direction for, as `steer`'s layer (default: all, 1..n-1).",
     )
     method: Literal["mean", "pca"] = Field(
         "mean",
