@@ -11,8 +11,8 @@ reader expects (vLLM's schedule -> execute -> update):
 4. output: each row's token to its request, and which rows are now finished.
 Running request i is row i of a step; a retired request's row is refilled by moving the last one into it, so a
 step always covers rows 0..n-1 (a fixed-shape step that can be compiled). A request is admitted when a row and the
-blocks it may need are free (server/engine/request_blocks.py). Results go back as ids through a per-request
-callback (`sink`) that only queues them: text is made on the consumer's side (server/engine/output.py).
+blocks it may need are free (server/engine/request_blocks.py). Results go back as ids through a per-request `sink`
+that only queues them: text is made on the consumer's side (server/engine/output.py).
 """
 
 from __future__ import annotations
@@ -193,8 +193,7 @@ class GenerationEngine:
 
     def _run(self, admitted: list[GenerationRequest]) -> None:
         """Decode the running rows (one step when prompts were admitted), then prefill the admitted prompts into the
-        rows after them. Rows with only their first token (a burst arriving in parts) skip their step instead, so
-        that the new rows join the next one level with them."""
+        rows after them; rows with only their first token (a burst in parts) skip their step, to join the new ones."""
         if self._rows and not (admitted and all(row.generated <= 1 for row in self._rows)):
             steps = self._steps_ahead(self._rows, admitted)
             if steps > 1:
