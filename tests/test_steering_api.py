@@ -108,26 +108,23 @@ def llama_cpp_control_vector(path, directions: dict[int, np.ndarray], hint: str 
     writer.close()
 
 
-def test_a_llama_cpp_control_vector_file_added_to_the_store_steers_by_name(client, steer_store, tmp_path, capsys):
+def test_a_llama_cpp_control_vector_file_added_to_the_store_steers_by_name(
+    client, steer_store, tmp_path, capsys, monkeypatch
+):
     from server.cli import store
 
     direction = np.array(vector(5), dtype=np.float32)
     llama_cpp_control_vector(tmp_path / "calm.gguf", {1: direction})
     llama_cpp_control_vector(tmp_path / "wide.gguf", {1: np.zeros(WIDTH + 1, dtype=np.float32)})
     llama_cpp_control_vector(tmp_path / "zero.gguf", {0: direction})
-    import os
-
-    os.environ["TINYSERVE_STORE"] = str(steer_store)
-    try:
-        store(["add-vector", str(tmp_path / "calm.gguf"), "calm", "--model", "tiny-gpt"])
-        for bad, rule in [("wide", "33 wide; the model's is 32"), ("zero", "count from 1")]:
-            with pytest.raises(SystemExit) as exit:
-                store(["add-vector", str(tmp_path / f"{bad}.gguf"), bad, "--model", "tiny-gpt"])
-            assert exit.value.code == 2 and rule in capsys.readouterr().err
-        with pytest.raises(SystemExit):
-            store(["add-vector", str(tmp_path / "calm.gguf"), "../escape", "--model", "tiny-gpt"])
-    finally:
-        del os.environ["TINYSERVE_STORE"]
+    monkeypatch.setenv("TINYSERVE_STORE", str(steer_store))
+    store(["add-vector", str(tmp_path / "calm.gguf"), "calm", "--model", "tiny-gpt"])
+    for bad, rule in [("wide", "33 wide; the model's is 32"), ("zero", "count from 1")]:
+        with pytest.raises(SystemExit) as exit:
+            store(["add-vector", str(tmp_path / f"{bad}.gguf"), bad, "--model", "tiny-gpt"])
+        assert exit.value.code == 2 and rule in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        store(["add-vector", str(tmp_path / "calm.gguf"), "../escape", "--model", "tiny-gpt"])
     assert (steer_store / "tiny-gpt" / "vectors" / "calm.gguf").is_file()
     assert not (steer_store / "tiny-gpt" / "vectors" / "wide.gguf").exists()
     by_name = generate(client, [{"name": "calm", "scale": 3.0}])

@@ -6,6 +6,7 @@ them all, or one block's."""
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from pathlib import Path
 
@@ -39,6 +40,12 @@ class NamedVectors:
         path = folder / VECTORS / f"{name}.gguf"
         if not path.is_file():
             return None
+        return self._read(path, path.stat().st_mtime_ns)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def _read(path: Path, stamp: int) -> Directions | None:
+        """A file's directions, read once while it is unchanged (each request naming it would read it again)."""
         try:
             return read_control_vector(path)
         except ControlVectorError:
