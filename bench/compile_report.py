@@ -1,10 +1,11 @@
 """A pytest plugin that says where a run's compile time goes: per test, the g++ runs inductor made (count and
-seconds), dynamo's whole compile time and inductor's FX-graph cache outcomes; the slowest tests printed at the end.
+seconds), dynamo's whole compile time and inductor's FX-graph cache outcomes.
 
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) .venv/bin/python -m pytest -q -n auto -p bench.compile_report
 
-Under pytest-xdist each worker writes its rows to `compile-report-<worker>.json` in the current folder
-(COMPILE_REPORT_DIR to choose another); `python -m bench.compile_report [DIR]` sums them.
+Each worker (pytest-xdist's, or the one process) writes its rows to `compile-report-<worker>.json` in
+runs/compile-report/ (gitignored; COMPILE_REPORT_DIR to choose another); `python -m bench.compile_report [DIR]` sums
+them and lists the slowest tests.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 TIMED = ("compile_file", "_compile.compile_inner")  # one g++ run; one dynamo frame compiled, inductor's work inside
 CACHE = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
+DEFAULT_DIR = "runs/compile-report"
 _rows: list[dict] = []
 _started: dict[str, tuple[float, Counter]] = {}
 
@@ -52,7 +54,8 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
 
 
 def pytest_sessionfinish(session) -> None:
-    folder = Path(os.environ.get("COMPILE_REPORT_DIR", "."))
+    folder = Path(os.environ.get("COMPILE_REPORT_DIR", DEFAULT_DIR))
+    folder.mkdir(parents=True, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     (folder / f"compile-report-{worker}.json").write_text(json.dumps(_rows))
 
@@ -77,4 +80,4 @@ def summary(folder: Path, top: int = 30) -> str:
 
 
 if __name__ == "__main__":
-    print(summary(Path(sys.argv[1] if len(sys.argv) > 1 else ".")))
+    print(summary(Path(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DIR)))
