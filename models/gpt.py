@@ -217,15 +217,19 @@ class Block(nn.Module):
         self.post_ln_1 = norm_layer(config) if config.post_norms else None
         self.post_ln_2 = norm_layer(config) if config.post_norms else None
 
-    def forward(self, x, mask, positions, rotation, cache, return_attention, fused_attention):
+    def forward(self, x, mask, positions, rotation, cache, return_attention, fused_attention, steer=None):
+        """steer (B, C): added to every position of the block's output (activation steering). Inside the block, so
+        that a compiled region holds the add: outside, each layer's slice of the table was a kernel of its own."""
         a, weights = self.attn(self.ln_1(x), mask, positions, rotation, cache, return_attention, fused_attention)
         if self.post_ln_1 is not None:
             a = self.post_ln_1(a)
         if self.parallel:
-            return x + a + self.mlp(self.ln_2(x)), weights
-        x = x + a
-        m = self.mlp(self.ln_2(x))
-        return x + (self.post_ln_2(m) if self.post_ln_2 is not None else m), weights
+            x = x + a + self.mlp(self.ln_2(x))
+        else:
+            x = x + a
+            m = self.mlp(self.ln_2(x))
+            x = x + (self.post_ln_2(m) if self.post_ln_2 is not None else m)
+        return (x if steer is None else x + steer.unsqueeze(1)), weights
 
 
 @dataclass
@@ -347,9 +351,9 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.blocks[first:], start=first):
             cache = kv_cache.layer(layer) if kv_cache is not None else None
             kind = c.layer_type(layer)
-            x, weights = block(x, masks[kind], position_ids, rotations[kind], cache, return_attention, fused_attention)
-            if steer is not None:  # activation addition (llama.cpp's control vectors): a plain row adds zeros
-                x = x + steer[:, layer].unsqueeze(1)
+            steered = () if steer is None else (steer[:, layer],)  # llama.cpp's control vectors: a plain row adds 0
+            args = masks[kind], position_ids, rotations[kind], cache, return_attention, fused_attention, *steered
+            x, weights = block(x, *args)
             if attentions is not None:
                 attentions.append(weights)
         if logits_at is not None:  # a prefill needs each prompt's last position only: the head is the largest matmul
