@@ -218,8 +218,8 @@ class Block(nn.Module):
         self.post_ln_2 = norm_layer(config) if config.post_norms else None
 
     def forward(self, x, mask, positions, rotation, cache, return_attention, fused_attention, steer=None):
-        """steer (B, C): added to every position of the block's output (activation steering). Inside the block, so
-        that a compiled region holds the add: outside, each layer's slice of the table was a kernel of its own."""
+        """steer (B, C): added to every position of the block's output (activation steering). Here, so that a
+        block's compiled region holds the add: outside it, each layer's slice of the table is a kernel of its own."""
         a, weights = self.attn(self.ln_1(x), mask, positions, rotation, cache, return_attention, fused_attention)
         if self.post_ln_1 is not None:
             a = self.post_ln_1(a)
