@@ -73,7 +73,8 @@ def summary(folder: Path, top: int = 30) -> str:
     for row in sorted(rows, key=lambda r: -r["s"])[:top]:
         n = Counter(row)  # 0 where the test made none
         lines.append(
-            f"{n['s']:7.1f} s  g++ {n['compile_file runs']:3.0f} runs {n['compile_file s']:6.1f} s  fx miss/hit/bypass "
+            f"{n['s']:7.1f} s  g++ {n['compile_file runs']:3.0f} runs {n['compile_file s']:6.1f} s  "
+            f"dynamo {n['_compile.compile_inner s']:6.1f} s  fx miss/hit/bypass "
             f"{n['fxgraph_cache_miss']:.0f}/{n['fxgraph_cache_hit']:.0f}/{n['fxgraph_cache_bypass']:.0f}  {row['test']}"
         )
     return "\n".join(lines)

@@ -28,7 +28,7 @@ def regional_copy(model: torch.nn.Module) -> torch.nn.Module:
 
     region = torch.compiler.nested_compile_region(residual)  # tensors only: dynamo stamps out no region with a None
 
-    def block_forward(block: torch.nn.Module, *args) -> tuple:  # args[5]: return_attention; args[7]: steer
+    def block_forward(block: torch.nn.Module, *args) -> tuple:  # args[5]: return_attention; args[7], if given: steer
         return forward(block, *args) if args[5] else (region(block, *args), None)
 
     for block in regional.blocks:
