@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         "(eager serves until each is ready; a failure leaves it eager)",
     )
     compile_max_batch: int = Field(32, ge=1, description="compile the decode buckets of at most this many rows")
+    compile_workers: int = Field(
+        1,
+        ge=0,
+        description="processes beside the server that build a CPU model's compiled passes at the same time (each "
+        "holds its own copy of the weights until it is done; stopped while requests run); 0: the server builds all",
+    )
     compile_cache_dir: Path | None = Field(
         Path("~/.cache/tinyserve/compiled"), description="compiled steps cached here (per checkpoint, dtype, torch)"
     )

@@ -21,11 +21,12 @@ from training.esperberto.data import read_corpus, train_roberta_tokenizer
 from training.tokenizer import train_bpe
 
 # Servers built by the tests run float32 and eager unless a test asks otherwise: exact comparisons
-# with transformers, and no background compilation competing with the suite for the CPU. They are
+# with transformers, and no background compilation (nor compile worker) competing with the suite for the CPU. They are
 # ready once every model is loaded, since a route test may call any model at once
 # (tests/test_background_loading.py covers the default: ready after the default model).
 os.environ.setdefault("TINYSERVE_DTYPE", "float32")
 os.environ.setdefault("TINYSERVE_COMPILE_MODELS", "false")
+os.environ.setdefault("TINYSERVE_COMPILE_WORKERS", "0")  # where a test compiles, in its own process unless it asks
 os.environ.setdefault("TINYSERVE_READY_AFTER", "all")
 
 # The digests of checkpoint files are remembered in a file of the test run's, not of the user's cache

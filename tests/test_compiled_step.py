@@ -342,6 +342,7 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         compile_models=True,
         compile_max_batch=1,
         compile_cache_dir=tmp_path,
+        compile_workers=1,  # the default: a worker process builds every other pass
     )
     app = create_app(settings)
     with TestClient(app) as client:
@@ -355,6 +356,10 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
         gpt, mlm = registry.get("tiny-gpt"), registry.get("tiny-mlm-softmax1")
         assert set(gpt.runner.step.compiled) == {1} and not gpt.compiler.failed
         assert mlm.encoder_step.compiled and not mlm.compiler.failed
+        if gpt.runner.device.type == "cpu":  # a worker built every other pass, then ended; the server loaded them
+            (worker,) = gpt.compiler.workers
+            assert worker.labels == {"PromptPass_regional", "VerifyPass_1x4"} == set(worker.seconds)
+            assert worker.process.returncode == 0
         built = client.get("/info").json()["compile_seconds"]  # each build's time, as the log says it
         # then the frozen one, and the draft check
         cpu = ["PromptPass_regional", "DecodeStep_1", "VerifyPass_1x4"] if gpt.runner.device.type == "cpu" else []

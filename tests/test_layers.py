@@ -35,11 +35,12 @@ FOLDER_LAYERS = {
     "execution": [
         {"graph_call", "compute_thread", "step_check", "native", "steering"},
         {"skinny_gemm"},
-        {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm"},
+        {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm", "compile_sharing"},
         {"compiler"},
         {"runner", "encoder_step"},
         {"decoder", "hf_causal"},
         {"loader"},
+        {"compile_worker"},
     ],
     "engine": [
         {"events", "detokenizer", "kv_blocks"},

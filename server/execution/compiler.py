@@ -1,32 +1,13 @@
 """Compiled forward passes, built in the background and cached on disk; eager serves until each is ready.
 
-The compiler fills the `compiled` dict (bucket -> compiled function) of four classes, its targets: `DecodeStep`
-(server/execution/decoder/step.py: one bucket per row count, its key columns a dynamic dimension), `PromptPass`
-(prompt_pass.py beside it: one graph, group size and prompt length dynamic), `VerifyPass` (verify_pass.py beside
-it: the draft check, one graph, on the CPU only) and `EncoderStep` (server/execution/encoder_step.py: one bucket
-per padded length). `BackgroundCompiler.run` writes a bucket's entry once its graph is built and checked; each
-class reads its own dict at every call, on the compute thread, and serves a bucket without an entry otherwise
-(eagerly, or, for the decode step, on a larger built bucket; the runner has no draft check without one).
-
-A pass is built regionally or whole. Regional (the GPT's decode steps, first): every block is one nested compile
-region, traced and built once for all layers, the weights graph inputs: on the CPU the eager model's prepacked
-layers (server/execution/decoder/prepacked.py), bound to the graph's direct call; quick to build; on the CPU one
-graph serves every decode bucket of 2 or more rows (`shared_graph`, the rows dynamic). Whole, on the
-CPU with inductor's freezing: the weights become constants, which the C++ GEMM template needs, and oneDNN's linear
-layers take their bias and activation: slower to build, and a copy of the weights, so only a bucket the template
-serves (DecodeStep.freezes) is then built whole too, its frozen graph replacing the regional one: compiled steps
-soon after start-up, the fastest ones later (docs/BENCHMARKS.md, "Compiling"). Freezing is set in inductor's config
-around the first call (passed as torch.compile(options=...) it never takes effect). On CUDA a step is built
-regionally with inductor's defaults (Triton kernels), and the compute thread replays it as a CUDA graph per shape
-(server/execution/decoder/cuda_graphs.py).
-
-A bucket's pass is compiled on a background thread (at the lowest CPU priority, pausing while the compute thread
-has work: compute_thread.py, `YieldToRequests`), on scratch tensors of the bucket's shapes, and checked on a real
-request's inputs against the traced function run eagerly (server/execution/step_check.py) before the engine may use
-it: a failure or a mismatch logs a line, shows in `states()`, and leaves the bucket as it was. The engine then
-calls the built graph itself, not through dynamo (server/execution/graph_call.py). What is built is kept per
-`cache_key`: inductor's artifacts, or for a whole CPU pass of a target that exports, an AOTInductor package
-(server/execution/packaged.py); a restart loads them.
+The compiler fills the `compiled` dict (bucket -> compiled function) of its targets: `DecodeStep`, `PromptPass`,
+`VerifyPass` (server/execution/decoder/) and `EncoderStep`; each reads its own dict at every call and serves a
+bucket without an entry otherwise. A pass is built regionally (every block one nested compile region, the weights
+graph inputs: quick to build) or whole (on the CPU frozen, for the C++ GEMM template: slower to build, so only where
+the template serves, replacing the regional graph), on a background thread that yields to requests, then checked on
+a real request's inputs against the eager function (step_check.py) before it serves, and kept per `cache_key` for
+the next start; worker processes may build some of them meanwhile (compile_sharing.py). docs/ARCHITECTURE.md, "The
+engine, the compute thread and compiled steps", says why each choice; docs/BENCHMARKS.md, "Compiling", what it costs.
 """
 
 from __future__ import annotations
@@ -37,8 +18,8 @@ import itertools
 import logging
 import threading
 import time
-import types
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -46,13 +27,14 @@ import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
 
 from server.execution.compile_cache import load_kept, save
+from server.execution.compile_sharing import CompiledElsewhereError, CompileWorker, WorkerSpec, split
 from server.execution.compute_thread import (
     inductor_on_one_thread,
     on_own_thread,
     one_openmp_thread,
     settle_garbage,
 )
-from server.execution.graph_call import GraphCapture, model_tensors, skipping_guards
+from server.execution.graph_call import GraphCapture, layout, model_tensors, own_code, skipping_guards
 from server.execution.kernel_choice import PREPACKED, inductor_settings
 from server.execution.packaged import SharedConstants, load, package
 from server.execution.step_check import StepMismatchError, mismatch
@@ -86,19 +68,6 @@ class Compilable(Protocol):
     def matmul_rows(self, bucket: Hashable) -> int | None:
         """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
         ...
-
-
-def own_code(fn: Callable, name: str) -> Callable:
-    """fn with a code object of its own: dynamo keeps compiled graphs per code object, so each bucket's
-    graph is the only entry of its cache (no recompile limit to hit, no chain of guards per call)."""
-    code = fn.__code__.replace(co_name=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
-    """What a step returns, element by element: (dtype, shape), or the value of what is not a tensor."""
-    outputs = output if isinstance(output, tuple) else (output,)
-    return [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in outputs]
 
 
 def buckets(limit: int, smallest: int = 1) -> list[int]:
@@ -151,6 +120,9 @@ class BackgroundCompiler:
         self.failed: dict[str, str] = {}  # pass label -> why it was not built
         self.seconds: dict[str, float] = {}  # pass label -> seconds its build took (/info reports them)
         self.building: str | None = None  # the pass label being built
+        self.latest: dict[Hashable, int] = {}  # bucket -> the index of the pass whose graph it runs
+        self.handed: list[WorkerSpec] = []  # what each worker process builds (`share_with`)
+        self.workers: list[CompileWorker] = []  # those processes, while `run` runs
         self.done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -167,8 +139,9 @@ class BackgroundCompiler:
     def buckets(self) -> list[Hashable]:
         return [p.bucket for p in self.passes]
 
-    def run(self) -> None:
-        """Build every pass in turn (on the calling thread)."""
+    def run(self, report: Callable[[str, str], None] | None = None) -> None:
+        """Build every pass in turn (on the calling thread), each `report`ed (label, state) once it is done; a pass
+        a worker builds (`share_with`) is loaded from the cache once the worker reports it."""
         threshold = gc.get_threshold()
         # Python's own full collections made rare meanwhile (one per 100 younger ones, not 10): they would
         # run on whatever thread allocates, and settle_garbage runs one between builds
@@ -176,35 +149,74 @@ class BackgroundCompiler:
         try:
             settle_garbage()  # what loading left: the first build's collections then skip it
             started = time.perf_counter()
-            for target, bucket, regional in self.passes:
-                label = self.building = self.label(bucket, regional)
-                try:
-                    t = time.perf_counter()
-                    target.compiled[bucket] = on_own_thread(self.build, bucket, regional)
-                    self.seconds[label] = round(time.perf_counter() - t, 1)
-                    log.info("compiled %s in %.1f s", label, self.seconds[label])
-                except Exception as e:  # the client never sees this
-                    self.failed[label] = f"{type(e).__name__}: {e}"
-                    kept = "keeps its regional graph" if bucket in target.compiled else "stays eager"
-                    log.warning("%s not built, the bucket %s: %s", label, kept, self.failed[label])
-                settle_garbage()
+            self.workers = list(filter(None, map(CompileWorker.started, self.handed)))  # beside this one's first build
+            for index, (_, bucket, regional) in enumerate(self.passes):
+                if self.worker_of(self.label(bucket, regional)) is None:
+                    self.build_pass(index, report)
+                    self.collect(report, wait=False)
+            self.collect(report, wait=True)
             self.building = None
             took = time.perf_counter() - started
             if self.failed:
-                log.warning(
-                    "%s compiled %d of %d passes in %.0f s; not built: %s",
-                    self.name,
-                    len(self.seconds),
-                    len(self.passes),
-                    took,
-                    ", ".join(self.failed),
-                )
+                count, failed = f"{len(self.seconds)} of {len(self.passes)}", ", ".join(self.failed)
+                log.warning("%s compiled %s passes in %.0f s; not built: %s", self.name, count, took, failed)
             else:
                 log.info("%s at full speed: all %d passes compiled in %.0f s", self.name, len(self.passes), took)
         finally:
+            for worker in self.workers:
+                worker.close()
             self.constants.forget_offered()  # what no package binds is the model's to free
             gc.set_threshold(*threshold)
             self.done.set()
+
+    def build_pass(self, index: int, report: Callable[[str, str], None] | None, elsewhere: str | None = None) -> None:
+        """Build the index-th pass, or load it where a worker built it (`elsewhere`: the state it reported). A later
+        pass of the bucket that is in place already (a worker's, loaded first) stays."""
+        target, bucket, regional = self.passes[index]
+        label = self.building = self.label(bucket, regional)
+        try:
+            if elsewhere is not None and elsewhere != "built":
+                raise CompiledElsewhereError(elsewhere.removeprefix("not built: "))
+            t = time.perf_counter()
+            compiled = on_own_thread(self.build, bucket, regional)
+            if self.latest.get(bucket, -1) < index:
+                target.compiled[bucket], self.latest[bucket] = compiled, index
+            here = round(time.perf_counter() - t, 1)
+            self.seconds[label] = here if elsewhere is None else self.worker_of(label).seconds[label]
+            log.info("compiled %s in %.1f s%s", label, self.seconds[label], " (in a worker)" if elsewhere else "")
+        except Exception as e:  # the client never sees this
+            self.failed[label] = str(e) if isinstance(e, CompiledElsewhereError) else f"{type(e).__name__}: {e}"
+            kept = "keeps its regional graph" if bucket in target.compiled else "stays eager"
+            log.warning("%s not built, the bucket %s: %s", label, kept, self.failed[label])
+        settle_garbage()
+        if report is not None:
+            report(label, self.states()[label])
+
+    def share_with(self, spec: WorkerSpec, workers: int) -> None:
+        """Hand groups of passes to `workers` processes, started by `run`, which build them while this compiler builds
+        its own (compile_sharing.py, `split`) and finds theirs in the cache."""
+        if self.cache_dir is not None:  # what the cache holds already is loaded here in a second
+            built = [p for p in self.passes if not (self.artifact(*p[1:]).exists() or self.shared_mark(*p[1:]))]
+            labels = [self.label(p.bucket, p.regional) for p in built]
+            shares = [p.regional and self.shared_key(p.bucket) for p in built]
+            self.handed = [replace(spec, labels=tuple(ls)) for ls in split(labels, shares, workers)[1:]]
+
+    def shared_mark(self, bucket: Hashable, regional: bool) -> bool:
+        """Whether the bucket is kept as served by a graph its buckets share (`compiled_here`)."""
+        return regional and self.artifact(bucket, regional).with_suffix(".shared").exists()
+
+    def worker_of(self, label: str) -> CompileWorker | None:
+        return next((w for w in self.workers if label in w.labels), None)
+
+    def collect(self, report: Callable[[str, str], None] | None, wait: bool) -> None:
+        """Load the workers' passes they reported built (with `wait`, every one, in build order)."""
+        for index, (_, bucket, regional) in enumerate(self.passes):
+            label = self.label(bucket, regional)
+            if (worker := self.worker_of(label)) is None or label in self.seconds or label in self.failed:
+                continue
+            state = worker.result(label, wait)
+            if state is not None or wait:  # None after waiting: the worker ended without it, built here
+                self.build_pass(index, report, state)
 
     def states(self) -> dict[str, str]:
         """Each pass's state, in build order (/info): "built", "building", "waiting", or "not built: <why>"."""
@@ -218,6 +230,10 @@ class BackgroundCompiler:
             else:
                 states[label] = "building" if label == self.building else "waiting"
         return states
+
+    def build_seconds(self) -> dict[str, float]:
+        """Each built pass's seconds, in build order (a worker's passes are loaded out of it)."""
+        return {label: self.seconds[label] for label in self.states() if label in self.seconds}
 
     def label(self, bucket: Hashable, regional: bool = False) -> str:
         """e.g. DecodeStep_8, EncoderStep_16, PromptPass (bucket None), DecodeStep_1_regional: names the compiled

@@ -226,8 +226,9 @@ class HelpersPaused:
     """While the compute thread has work, this process's helper processes are stopped (SIGSTOP).
 
     The background work's heavy part runs in other processes: inductor's compile workers and the C++
-    compilers they start. Niced, they still take a core whenever the compute thread's OpenMP team
-    sleeps between two ops, and slowed the eager decode step beside them (docs/BENCHMARKS.md, "Start-up").
+    compilers they start, and our compile worker (compile_worker.py). Niced, they still take a core whenever the
+    compute thread's OpenMP team sleeps between two ops, and slowed the eager decode step beside them
+    (docs/BENCHMARKS.md, "Start-up").
     Stopped while requests run, they cost requests nothing; the same patience and slice as YieldToRequests keep
     a busy server compiling. Only compile helpers are stopped (`helper_processes`), never another child.
     """
@@ -270,8 +271,10 @@ class HelpersPaused:
         return done
 
 
-# what a helper's command line contains: inductor's compile workers, the C/C++ compilers it runs itself
-HELPER_MARKS = (b"torch/_inductor", b"torch._inductor", b"g++", b"gcc", b"c++", b"clang")
+# what a helper's command line contains: inductor's compile workers, ours (compile_worker.py), the C/C++ compilers
+HELPER_MARKS = (
+    b"torch/_inductor", b"torch._inductor", b"server.execution.compile_worker", b"g++", b"gcc", b"c++", b"clang"
+)  # fmt: skip
 
 
 def helper_processes() -> list[int]:

@@ -5,10 +5,24 @@ both; the engine's compute thread calls them)."""
 from __future__ import annotations
 
 import inspect
+import types
 import weakref
 from collections.abc import Callable
 
 import torch
+
+
+def own_code(fn: Callable, name: str) -> Callable:
+    """fn with a code object of its own: dynamo keeps compiled graphs per code object, so each bucket's
+    graph is the only entry of its cache (no recompile limit to hit, no chain of guards per call)."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def layout(output: torch.Tensor | tuple[torch.Tensor, ...]) -> list:
+    """What a step returns, element by element: (dtype, shape), or the value of what is not a tensor."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    return [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in outputs]
 
 
 class GraphCapture:

@@ -23,6 +23,7 @@ from models.sampling import SamplingParams
 from server.config import Settings
 from server.engine.core import GenerationEngine
 from server.execution.compile_cache import cache_key
+from server.execution.compile_sharing import WorkerSpec
 from server.execution.compiler import BackgroundCompiler
 from server.execution.compute_thread import ComputeThread, behind_requests
 from server.execution.encoder_step import EncoderStep
@@ -285,9 +286,32 @@ class ModelRegistry:
             if m.runner is not None:  # its weights' form and KV cache's shape (a package's strides are fixed)
                 facts = m.runner.facts
                 key = cache_key(m.folder, p.dtype, p.device, s.weights, (facts.slots, facts.context_length))
-            m.compiler = BackgroundCompiler(passes, cache_dir, key, self.compute.call(torch.get_num_threads), m.id)
+            threads = self.compute.call(torch.get_num_threads)
+            m.compiler = BackgroundCompiler(passes, cache_dir, key, threads, m.id)
+            if m.runner is not None and cache_dir is not None and self.placement.device.type == "cpu":
+                m.compiler.share_with(self._worker_spec(m, cache_dir, key, threads), s.compile_workers)
             compilers.append(m.compiler)
         return compilers
+
+    def _worker_spec(self, m: ServedModel, cache_dir: Path, key: str, threads: int) -> WorkerSpec:
+        """How a compile worker loads the model's runner as `_load` did, and builds its passes as `_compilers` would."""
+        s, placed = self.settings, self.placement
+        return WorkerSpec(
+            runner=m.family.runner,
+            folder=str(m.folder),
+            device=str(placed.device),
+            dtype=str(placed.dtype).removeprefix("torch."),
+            max_rows=s.max_batch_size,
+            weights=s.weights,
+            max_context=s.max_context,
+            kv_cache_mb=s.kv_cache_mb,
+            compile_max_batch=s.compile_max_batch,
+            cache_dir=str(cache_dir),
+            key=key,
+            threads=threads,
+            name=m.id,
+            labels=(),
+        )
 
     @staticmethod
     @torch.inference_mode()

@@ -99,7 +99,7 @@ async def info(registry: Registry, settings: AppSettings) -> Info:
         kv_pool={m.id: m.engine.kv.pool.describe() for m in models if m.engine is not None and m.engine.kv.pool},
         context={m.id: m.facts.context_length for m in models if m.runner},
         weights={m.id: m.facts.weights for m in models if m.runner},
-        compile_seconds={m.id: dict(m.compiler.seconds) for m in models if m.compiler},
+        compile_seconds={m.id: m.compiler.build_seconds() for m in models if m.compiler},
         compile_states={m.id: m.compiler.states() for m in models if m.compiler},
         placement=registry.placement.describe(),
     )
