@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from server.execution import skinny_gemm
-from server.execution.decoder.prepacked import PrepackedLinear
+from server.execution.decoder import prepacked
+from server.execution.decoder.prepacked import PrepackedLinear, prepacked_copy
 from server.execution.decoder.runner import GPTRunner
 from server.execution.kernel_choice import template_serves
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
@@ -52,6 +53,31 @@ def test_a_bf16_layer_runs_a_decode_steps_rows_in_the_kernel_and_more_in_onednn(
         if not onednn:
             kernel_rows.append(rows)
     assert kernel_rows == ([1, 4, 8] if amx else [1, 4, 8, 9, 16, 32])  # up to max_rows(); oneDNN above
+
+
+@runs_here
+def test_a_small_models_layers_keep_a_prepacked_copy_for_the_rows_the_kernel_is_slower_at(monkeypatch):
+    """Below BOTH_COPIES_MAX_BYTES of linear weights the kernel serves up to its fastest rows and oneDNN's prepacked
+    linear more; above, one copy, the kernel every decode bucket."""
+    emulate_cpu(monkeypatch, AVX512_BF16)
+    model = tiny_gpt(vocab_size=97).to(torch.bfloat16)
+    layer = prepacked_copy(model).blocks[0].mlp.fc
+    plain = model.blocks[0].mlp.fc
+    assert layer.weight.data_ptr() == plain.weight.data_ptr() and layer.packed is not None
+    assert layer.kernel_rows == skinny_gemm.FASTEST_ROWS
+    kernel_rows = []
+    for rows in (1, 8, 9, 16, 32):
+        x = torch.randn(1, rows, plain.in_features).to(torch.bfloat16)
+        expected = torch.nn.functional.linear(x.float(), plain.weight.float(), plain.bias.float())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            got = layer(x)
+        assert torch.allclose(got.float(), expected, rtol=2**-7, atol=0.05)
+        if "mkldnn::_linear_pointwise" not in {event.name for event in profile.events()}:
+            kernel_rows.append(rows)
+    assert kernel_rows == [1, 8]
+    monkeypatch.setattr(prepacked, "BOTH_COPIES_MAX_BYTES", 0)
+    one = prepacked_copy(model).blocks[0].mlp.fc
+    assert one.packed is None and one.kernel_rows == skinny_gemm.max_rows()
 
 
 def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):

@@ -24,10 +24,12 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 # Up to this many rows (a decode step's largest bucket by default) the kernel serves; more (a prompt's prefill) go to
 # oneDNN on the same plain weights, so nothing is prepacked and the weights are held once. Up to 8 rows the kernel
 # beats oneDNN's prepacked linear; at 16 and 32 it is 14-21 % slower than it but faster than oneDNN on the plain
-# weights, and the prepacked copy would double the weights' memory (docs/BENCHMARKS.md, "Why these paths"). With AMX,
-# oneDNN's tiles over the plain weight serve more than 8 rows (not measured against the kernel above 8).
+# weights: a small model keeps the prepacked copy too (decoder/prepacked.py, BOTH_COPIES_MAX_BYTES), a larger one
+# would double its weights' memory (docs/BENCHMARKS.md, "Why these paths"). With AMX, oneDNN's tiles over the plain
+# weight serve more than 8 rows (not measured against the kernel above 8).
 MAX_ROWS = 32
 AMX_MAX_ROWS = 8
+FASTEST_ROWS = 8  # up to here it beats oneDNN's prepacked linear (decoder/prepacked.py keeps both for a small model)
 
 
 def available() -> bool:

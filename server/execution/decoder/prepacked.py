@@ -15,6 +15,7 @@ dequantized weight prepacked for the rest (a prompt's prefill). A bf16 layer whe
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 
 import torch
@@ -54,23 +55,32 @@ def _(x: torch.Tensor, weight: torch.Tensor | None, packed: torch.Tensor | None,
 # rows and one row no faster than laid out for 32; bf16 laid out for one row made the one-row head's product faster
 # and more rows no slower.
 PACKED_FOR_ROWS = {torch.float32: 32, torch.bfloat16: 1}
+# A model whose linear layers hold at most this much keeps a prepacked copy beside the plain weights where the skinny
+# kernel runs: the kernel serves up to its fastest rows (skinny_gemm.FASTEST_ROWS), oneDNN's prepacked linear the
+# steps of more rows, 14-21 % faster at 16 and 32 (skinny_gemm.py). Above, the copy would cost more memory than it
+# saves time: the kernel serves every decode bucket over the one copy.
+BOTH_COPIES_MAX_BYTES = 256 * 2**20
 
 
 class PrepackedLinear(nn.Module):
     """An nn.Linear whose weight is held in oneDNN's blocked layout (what inductor's freezing makes), or in bf16 where
     the skinny kernel runs as it is (the plain model's tensor), for the kernel and oneDNN alike."""
 
-    def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear) -> None:
+    def __init__(self, linear: nn.Linear | WeightOnlyInt8Linear, both_copies: bool = False) -> None:
         super().__init__()
         weight = linear.weight if isinstance(linear, nn.Linear) else linear.dequantized(linear.scales.dtype)
         bf16 = weight.dtype == torch.bfloat16 and (linear.bias is None or linear.bias.dtype == torch.bfloat16)
         plain = isinstance(linear, nn.Linear) and bf16 and skinny_gemm.usable()
         self.bias = linear.bias
         self.weight = weight.detach().contiguous() if plain else None  # the kernel's: the plain model's tensor
-        self.kernel_rows = skinny_gemm.max_rows()
-        # the kernel serves a decode step's rows, oneDNN a prefill's over the plain weight: one copy (skinny_gemm.py)
+        # the kernel serves a decode step's rows, oneDNN a prefill's over the plain weight: one copy (skinny_gemm.py);
+        # with both copies (a small model's: BOTH_COPIES_MAX_BYTES) the kernel its fastest rows, oneDNN's prepacked
+        # linear the rest
+        both_copies = plain and both_copies and skinny_gemm.max_rows() > skinny_gemm.FASTEST_ROWS
+        self.kernel_rows = skinny_gemm.FASTEST_ROWS if both_copies else skinny_gemm.max_rows()
         rows = PACKED_FOR_ROWS.get(weight.dtype, 1)
-        self.packed = None if plain else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+        packs = not plain or both_copies
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows) if packs else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         if self.weight is not None:  # the skinny kernel's op (C++): it, or oneDNN, by the rows at each call
@@ -114,7 +124,9 @@ def prepacked_copy(model: nn.Module) -> nn.Module:
     if not prepacks(model) or not any(isinstance(m, kinds) for m in model.modules()):
         return model
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    packed = replace_linears(copy.deepcopy(model, shared), PrepackedLinear)
+    linear_bytes = sum(m.weight.nbytes for m in model.modules() if isinstance(m, nn.Linear))
+    both = functools.partial(PrepackedLinear, both_copies=linear_bytes <= BOTH_COPIES_MAX_BYTES)
+    packed = replace_linears(copy.deepcopy(model, shared), both)
     return replace_linears(packed, PrepackedInt8Linear, kind=WeightOnlyInt8Linear)
 
 
