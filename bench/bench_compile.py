@@ -57,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.unfrozen:
-        server.execution.compiler.inductor_settings = lambda device, rows, dtype: {}
+        server.execution.compiler.inductor_settings = lambda device, rows, dtype, weights_bytes: {}
     model = random_model(args.shape, getattr(torch, args.dtype), device)
     step = DecodeStep(model, args.rows)
     t = time.perf_counter()

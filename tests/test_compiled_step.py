@@ -275,7 +275,7 @@ def test_a_failed_compile_leaves_the_bucket_eager(monkeypatch, caplog):
 def test_compiled_artifacts_are_cached_per_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
     # a frozen CPU graph holds prepacked oneDNN weights, which inductor cannot pickle: the cache serves the
     # unfrozen graphs (CUDA's), so this test compiles without freezing
-    monkeypatch.setattr("server.execution.compiler.inductor_settings", lambda device, rows, dtype: {})
+    monkeypatch.setattr("server.execution.compiler.inductor_settings", lambda device, rows, dtype, weights_bytes: {})
     a = tmp_path / "a"
     write_checkpoint(a, tiny_gpt(seed=0), tiny_tokenizer, card="# a\n", metrics={})
     cpu = torch.device("cpu")
@@ -377,7 +377,7 @@ def test_the_server_compiles_in_the_background_and_serves_meanwhile(store, tmp_p
 def test_an_unwritable_cache_dir_costs_the_cache_not_the_step(tmp_path, monkeypatch, caplog):
     # unfrozen, as in test_compiled_artifacts_are_cached_per_checkpoint (the same graph, from inductor's cache):
     # a frozen CPU graph leaves no artifacts, so it would never try to write one
-    monkeypatch.setattr("server.execution.compiler.inductor_settings", lambda device, rows, dtype: {})
+    monkeypatch.setattr("server.execution.compiler.inductor_settings", lambda device, rows, dtype, weights_bytes: {})
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")  # the cache folder would have to be created under a file
     engine = started(tiny_gpt(vocab_size=97, context_length=64))

@@ -75,7 +75,7 @@ def test_a_busy_server_still_gives_its_helpers_a_slice():
 def test_only_compile_helpers_are_helpers():
     other = subprocess.Popen(["sleep", "30"])  # e.g. a server a test started
     helper = compile_worker()
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "server.execution.compile_worker"])
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "server.execution.compile_worker"])
     try:
         assert eventually(lambda: {helper.pid, ours.pid} <= set(helper_processes()))
         assert other.pid not in helper_processes()

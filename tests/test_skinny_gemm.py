@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from server.execution import skinny_gemm
+from server.execution import kernel_choice, skinny_gemm
 from server.execution.decoder import prepacked
 from server.execution.decoder.prepacked import PrepackedLinear, prepacked_copy
 from server.execution.decoder.runner import GPTRunner
+from server.execution.decoder.verify_pass import VerifyPass
 from server.execution.kernel_choice import template_serves
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 
@@ -80,12 +81,18 @@ def test_a_small_models_layers_keep_a_prepacked_copy_for_the_rows_the_kernel_is_
     assert one.packed is None and one.kernel_rows == skinny_gemm.max_rows()
 
 
-def test_where_the_kernel_serves_a_bf16_step_is_never_frozen(monkeypatch):
+def test_where_the_kernel_serves_a_bf16_step_is_frozen_only_if_its_weights_fit_the_cpus_cache(monkeypatch):
     monkeypatch.setattr(skinny_gemm, "usable", lambda: True)
     emulate_cpu(monkeypatch, dataclasses.replace(AVX512_BF16, onednn_bf16=False))  # no bf16 reorder on any CPU
-    assert not any(template_serves(rows, torch.bfloat16) for rows in (1, 2, 4, 8))
+    monkeypatch.setattr(kernel_choice, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert not any(template_serves(rows, torch.bfloat16) for rows in (1, 2, 4, 8))  # weights not said: never
+    assert not any(template_serves(rows, torch.bfloat16, 33 * 2**20) for rows in (1, 2, 4, 8))
+    assert [rows for rows in (1, 2, 4, 8) if template_serves(rows, torch.bfloat16, 27 * 2**20)] == [1, 2, 4]
     assert template_serves(1, torch.float32)  # float32 keeps the C++ GEMM template for its few rows
     runner = GPTRunner(tiny_gpt(vocab_size=97).to(torch.bfloat16), None, 8)
+    frozen = [p.bucket for p in runner.compile_passes(8) if not p.regional]
+    assert frozen == [1, 2, 4, VerifyPass.BUCKET]  # the tiny model's weights fit: the few-row buckets frozen too
+    monkeypatch.setattr(kernel_choice, "last_level_cache_bytes", lambda: 0)
     assert all(p.regional for p in runner.compile_passes(8))  # the decode buckets and the draft check
 
 

@@ -46,6 +46,7 @@ class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # the coarsest its products round to: chooses the kernels
     check_rounding: torch.dtype  # the coarsest rounding on its path (int8: quantized layers'): the check's tolerance
+    weights_bytes: int | None  # its model's linear weights (what a frozen graph copies; kernel_choice.py)
     model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
@@ -272,7 +273,8 @@ class BackgroundCompiler:
         kept, unchecked = path.exists(), path.with_name(path.stem + ".unchecked.pt2")
         try:
             if not kept:
-                settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype)
+                rows = target.matmul_rows(bucket)
+                settings = inductor_settings(target.device, rows, target.dtype, target.weights_bytes)
                 package(target, bucket, unchecked, {**settings, "cpp.threads": self.threads})
             self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
             compiled = load(path if kept else unchecked, self.constants)
@@ -351,7 +353,7 @@ class BackgroundCompiler:
             if key is not None:
                 self.shared.setdefault(key, compiled)
             return compiled
-        settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype)
+        settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype, target.weights_bytes)
         fallback = PREPACKED if target.device.type == "cpu" else settings
         try:
             compiled = self.compile(bucket, settings)

@@ -37,6 +37,7 @@ class EncoderStep:
     def __init__(self, model: MaskedLM, max_tokens: int) -> None:
         self.device = next(model.parameters()).device
         self.dtype = self.check_rounding = next(model.parameters()).dtype
+        self.weights_bytes = None  # its kernels by dtype and rows alone
         self.pad_id = model.config.pad_token_id
         self.vocab_size = model.config.vocab_size
         self.buckets = buckets(max_tokens, smallest=16)

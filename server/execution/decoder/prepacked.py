@@ -117,6 +117,11 @@ def prepacks(model: nn.Module) -> bool:
     return p.dtype == torch.float32 and not features.avx512
 
 
+def linear_bytes(model: nn.Module) -> int:
+    """What the model's nn.Linear weights hold (a prepacked or frozen copy's size)."""
+    return sum(m.weight.nbytes for m in model.modules() if isinstance(m, nn.Linear))
+
+
 def prepacked_copy(model: nn.Module) -> nn.Module:
     """The model with every linear layer prepacked, sharing all its other parameters and buffers; the
     model itself where prepacking does not apply or finds no linear layer."""
@@ -124,8 +129,7 @@ def prepacked_copy(model: nn.Module) -> nn.Module:
     if not prepacks(model) or not any(isinstance(m, kinds) for m in model.modules()):
         return model
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    linear_bytes = sum(m.weight.nbytes for m in model.modules() if isinstance(m, nn.Linear))
-    both = functools.partial(PrepackedLinear, both_copies=linear_bytes <= BOTH_COPIES_MAX_BYTES)
+    both = functools.partial(PrepackedLinear, both_copies=linear_bytes(model) <= BOTH_COPIES_MAX_BYTES)
     packed = replace_linears(copy.deepcopy(model, shared), both)
     return replace_linears(packed, PrepackedInt8Linear, kind=WeightOnlyInt8Linear)
 

@@ -56,6 +56,7 @@ class PromptPass:
         self.step = step
         self.device = step.device
         self.dtype, self.check_rounding = step.dtype, step.check_rounding  # its kernels, its check's tolerance
+        self.weights_bytes = step.weights_bytes
         self.cache = step.cache
         self.vocab_size = step.vocab_size
         self.model, self.regional_model = step.model, step.regional_model  # what each function below reads

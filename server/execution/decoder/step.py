@@ -28,7 +28,7 @@ from models.sampling import greedy_choice
 from server.execution import group_gemm
 from server.execution.compiler import buckets
 from server.execution.decoder.cuda_graphs import CUDAGraphs
-from server.execution.decoder.prepacked import prepacked_copy
+from server.execution.decoder.prepacked import linear_bytes, prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.decoder.step_inputs import StepInputs, pinned_like
 from server.execution.kernel_choice import template_serves
@@ -154,6 +154,7 @@ class DecodeStep:
         self.device = next(model.parameters()).device
         self.dtype = rounding_dtype(model)  # chooses the compiled step's kernels
         self.check_rounding = torch.int8 if group_gemm.in_use(model) else self.dtype  # the check's: int8 activations
+        self.weights_bytes = linear_bytes(model)
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
@@ -221,7 +222,7 @@ class DecodeStep:
         inductor's C++ GEMM template (kernel_choice.py, `template_serves`), which needs frozen weights and beats the
         regional step. Above, both run the prepacked linear layers and the frozen graph was no faster, for a copy
         of the weights and a long build (docs/BENCHMARKS.md, "Compiling")."""
-        return self.device.type == "cpu" and template_serves(self.matmul_rows(rows), self.dtype)
+        return self.device.type == "cpu" and template_serves(self.matmul_rows(rows), self.dtype, self.weights_bytes)
 
     def matmul_rows(self, rows: int) -> int:
         return rows  # one token a row

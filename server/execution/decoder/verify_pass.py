@@ -62,6 +62,7 @@ class VerifyPass:
         self.step = step  # its cache, context and column buckets
         self.device = step.device
         self.dtype, self.check_rounding = step.dtype, step.check_rounding  # its kernels, its check's tolerance
+        self.weights_bytes = step.weights_bytes
         self.model = step.model  # whose weights the export freezes
         self.traced = verify_pass(step.model)  # what the compiler traces and checks against
         self.regional_model = step.regional_model  # its blocks one compile region (regional.py)
