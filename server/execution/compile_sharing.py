@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 log = logging.getLogger("tinyserve")
 
@@ -80,9 +81,10 @@ class CompileWorker:
         self._ended = False
         self._changed = threading.Condition()
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads)}
+        root = Path(__file__).resolve().parents[2]  # where `server` imports from, wherever the server was started
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server.execution.compile_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, cwd=root,
         )  # fmt: skip
         self.process.stdin.write(json.dumps(asdict(spec)) + "\n")
         self.process.stdin.flush()  # kept open: the worker ends when the server does
