@@ -1,10 +1,11 @@
 """One bucket's compile time and step time, the step compiled as one whole graph or regionally (as the server
 builds it first).
 
-    .venv/bin/python bench/bench_compile.py [--shape smollm2-135m] [--dtype float32] [--rows 1]
+    .venv/bin/python bench/bench_compile.py [--shape smollm2-135m | --model FOLDER] [--dtype float32] [--rows 1]
         [--regional] [--unfrozen] [--phases] [--gated]
 
-A random model at a family's shape (bench/bench_families.py) on this machine's device, its decode step built
+A random model at a family's shape (bench/bench_families.py), or --model's checkpoint (e.g. model_store/gpt-wikitext2),
+on this machine's device, its decode step built
 as the server builds a bucket (`BackgroundCompiler.build`: compiled, checked against eager), then timed over
 50 steps. --regional: the regional pass (server/execution/decoder/regional.py: every block one nested compile
 region, the weights graph inputs, the prepacked layers on the CPU). --unfrozen: a whole graph with the weights
@@ -48,6 +49,7 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device) -> GPT:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="smollm2-135m", choices=list(SHAPES))
+    ap.add_argument("--model", type=Path, default=None, help="a checkpoint folder instead of a random shape")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--regional", action="store_true")
@@ -58,7 +60,12 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.unfrozen:
         server.execution.compiler.inductor_settings = lambda device, rows, dtype, weights_bytes: {}
-    model = random_model(args.shape, getattr(torch, args.dtype), device)
+    if args.model is not None:
+        from model_store import load_gpt
+
+        model, _ = load_gpt(args.model, device, getattr(torch, args.dtype))
+    else:
+        model = random_model(args.shape, getattr(torch, args.dtype), device)
     step = DecodeStep(model, args.rows)
     t = time.perf_counter()
     compiler = server.execution.compiler.BackgroundCompiler.of(step, [args.rows], None, "bench")
@@ -82,7 +89,7 @@ def main() -> None:
             step(DecodeRows([5] * n, [20 + i] * n, [0.0] * n, [None] * n, tables))
             times.append(time.perf_counter() - t)
     step_ms = 1000 * statistics.median(times[10:])
-    print(f"{args.shape} {args.dtype} {args.rows} rows on {device.type}, regional={args.regional}, "
+    print(f"{args.model or args.shape} {args.dtype} {args.rows} rows on {device.type}, regional={args.regional}, "
           f"unfrozen={args.unfrozen}: compiled in {compile_s:.1f} s, step {step_ms:.2f} ms")  # fmt: skip
 
 

@@ -38,8 +38,8 @@ def template_serves(rows: int | None, dtype: torch.dtype, weights_bytes: int | N
     that vary at run time, which the prepacked layers take: the template would need a choice for the
     attention's batched products too). In bf16 where the skinny kernel runs (skinny_gemm.py) only for a model
     whose linear weights (`weights_bytes`) fit the CPU's last-level cache: there the frozen graph's step is faster
-    (the shipped GPT's one-row step 0.6-0.8 ms against 1.0 ms), beyond it the kernel reads the plain weights at the
-    memory's speed (SmolLM2's shape: 13.4 against 17.4 ms) and a frozen graph would copy them."""
+    (docs/BENCHMARKS.md, "Why these paths"); beyond it the kernel reads the plain weights at about the memory's
+    speed, and a frozen graph would copy them and take minutes to build for a model of many layers."""
     if dtype == torch.bfloat16 and skinny_gemm.usable():
         if weights_bytes is None or weights_bytes > last_level_cache_bytes():
             return False
