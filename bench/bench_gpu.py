@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 from bench import bench_families  # noqa: E402
 from bench.serving_sides import Worker  # noqa: E402
 from model_store import STORE_ROOT  # noqa: E402
-from server.execution.compiler import buckets  # noqa: E402
 from server.execution.decoder.step import compile_order  # noqa: E402
+from server.execution.passes import buckets  # noqa: E402
 
 
 def our_server(store: Path, model: str, port: int, compiled: bool, streams: int, log: Path) -> subprocess.Popen:

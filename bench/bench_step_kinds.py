@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_store import load_gpt  # noqa: E402
-from server.execution.compiler import BackgroundCompiler, Pass  # noqa: E402
+from server.execution.compiler import BackgroundCompiler  # noqa: E402
 from server.execution.decoder.runner import GPTRunner  # noqa: E402
 from server.execution.huge_pages import on_huge_pages  # noqa: E402
+from server.execution.passes import Pass  # noqa: E402
 from server.execution.runner import right_padded  # noqa: E402
 
 PROMPT = "The history of the city begins in the early Middle Ages, when a small market grew up beside the river. " * 4

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from model_store import STORE_ROOT, load_gpt
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.prepacked import PrepackedLinear
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import CHECK_TEXT, check_lengths
+from server.execution.passes import Pass
 from server.execution.step_check import RANGE_FRACTION, Float32Reference, disagreement
 from tests.conftest import tiny_gpt
 

@@ -7,8 +7,9 @@ import pytest
 
 from server.execution import compile_sharing
 from server.execution.compile_sharing import split
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
+from server.execution.passes import Pass
 from tests.conftest import tiny_gpt
 
 SMOLLM2_PASSES = [  # a bf16 model's on an AVX-512 BF16 CPU, in build order (GPTRunner.compile_passes)
@@ -55,7 +56,7 @@ def test_the_servers_compiler_loads_what_its_worker_built_and_builds_what_it_did
     step = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 2).step
     passes = [Pass(step, 1, True), Pass(step, 2, True), Pass(step, 4, True), Pass(step, 1), Pass(step, 2)]
     compiler = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
-    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 13, labels=()), 1)
+    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 6, labels=()), 1)
     assert compiler.handed[0].labels == ("DecodeStep_2_regional", "DecodeStep_1")  # every other pass
     reported = {"DecodeStep_2_regional": "not built: StepMismatchError: row 0 trails", "DecodeStep_1": "built"}
     workers: list[FakeWorker] = []
@@ -93,7 +94,7 @@ def test_the_servers_compiler_loads_what_its_worker_built_and_builds_what_it_did
 def test_a_pass_the_worker_ended_without_is_built_by_the_server(tmp_path, monkeypatch, reported):
     step = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 2).step
     compiler = BackgroundCompiler([Pass(step, 1, True), Pass(step, 2, True)], tmp_path, "key", name="tiny")
-    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 13, labels=()), 1)
+    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 6, labels=()), 1)
 
     def ended(spec):
         worker = FakeWorker(spec, {"DecodeStep_2_regional": None})
@@ -110,7 +111,7 @@ def test_a_pass_the_worker_ended_without_is_built_by_the_server(tmp_path, monkey
 def test_without_a_cache_nothing_is_handed_out(tmp_path):
     step = GPTRunner(tiny_gpt(vocab_size=97, context_length=64), None, 2).step
     compiler = BackgroundCompiler([Pass(step, 1, True), Pass(step, 2, True)], None, "key", name="tiny")
-    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 13, labels=()), 1)
+    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 6, labels=()), 1)
     assert compiler.handed == []
 
 
@@ -121,10 +122,10 @@ def test_what_the_cache_holds_is_not_handed_out(tmp_path):
     (tmp_path / "key").mkdir()
     (tmp_path / "key" / "DecodeStep_2_regional.shared").touch()  # served by a graph its buckets share
     compiler = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
-    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 13, labels=()), 1)
+    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 6, labels=()), 1)
     assert [spec.labels for spec in compiler.handed] == [("DecodeStep_1",)]
     for label in ("DecodeStep_1_regional.bin", "DecodeStep_1.bin", "DecodeStep_1.pt2", "DecodeStep_2.pt2"):
         (tmp_path / "key" / label).touch()
     compiler = BackgroundCompiler(passes, tmp_path, "key", name="tiny")
-    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 13, labels=()), 1)
+    compiler.share_with(compile_sharing.WorkerSpec(*[None] * 6, labels=()), 1)
     assert compiler.handed == []

@@ -35,7 +35,7 @@ FOLDER_LAYERS = {
     "execution": [
         {"graph_call", "compute_thread", "step_check", "native", "steering"},
         {"skinny_gemm"},
-        {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm", "compile_sharing"},
+        {"kernel_choice", "huge_pages", "packaged", "compile_cache", "group_gemm", "compile_sharing", "passes"},
         {"compiler"},
         {"runner", "encoder_step"},
         {"decoder", "hf_causal"},

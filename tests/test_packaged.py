@@ -7,9 +7,10 @@ import torch
 
 from models.sampling import SamplingParams
 from server.execution import packaged
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.verify_pass import VerifyPass
+from server.execution.passes import Pass
 from tests.conftest import tiny_gpt
 from tests.test_compiled_step import GREEDY, started
 from tests.test_prepacked import plain_weights, prepacked_dtype

@@ -5,10 +5,11 @@ import torch
 
 from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner, prompt_group
 from server.execution.decoder.verify_pass import VerifyPass
 from server.execution.kernel_choice import inductor_settings
+from server.execution.passes import Pass
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, started
 

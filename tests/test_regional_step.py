@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from models.cpu import cpu_features
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.step import DecodeStep
+from server.execution.passes import Pass
 from server.execution.runner import DecodeRows
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import VARIANTS, no_recompiles

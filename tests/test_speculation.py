@@ -9,9 +9,10 @@ from models.sampling import SamplingParams
 from models.tokenizer import eos_id
 from server.engine.core import GenerationEngine
 from server.engine.speculation import PromptLookup, agreed, speculate
-from server.execution.compiler import BackgroundCompiler, Pass
+from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
 from server.execution.decoder.verify_pass import VerifyPass
+from server.execution.passes import Pass
 from tests.conftest import run_together, tiny_gpt
 
 FREE = {"temperature": 0, "eos_bias": float("-inf"), "logprobs": True}

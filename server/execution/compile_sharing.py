@@ -22,17 +22,10 @@ log = logging.getLogger("tinyserve")
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What the worker needs to build the same passes as the server: load_runner's arguments as the server called it,
-    the compiler's, and the labels of the passes it builds."""
+    """What the worker needs to build the same passes as the server: load_runner's arguments as the server called it
+    (the device and dtype as text, e.g. "cpu", "bfloat16"), the compiler's, and the labels of the passes it builds."""
 
-    runner: str
-    folder: str
-    device: str
-    dtype: str  # e.g. "bfloat16"
-    max_rows: int
-    weights: str
-    max_context: int | None
-    kv_cache_mb: int | None
+    load: tuple
     compile_max_batch: int
     cache_dir: str
     key: str

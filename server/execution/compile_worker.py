@@ -36,9 +36,8 @@ def main() -> None:
     # the server logs each pass it loads from here: only what went wrong is said twice
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s compile worker ({spec.name}) %(message)s")
     torch.set_num_threads(spec.threads)
-    device, dtype = torch.device(spec.device), getattr(torch, spec.dtype)
-    args = spec.max_rows, spec.weights, spec.max_context, spec.kv_cache_mb
-    runner = load_runner(spec.runner, Path(spec.folder), device, dtype, *args)
+    runner, folder, device, dtype, *rest = spec.load
+    runner = load_runner(runner, Path(folder), torch.device(device), getattr(torch, dtype), *rest)
     compiler = BackgroundCompiler(
         runner.compile_passes(spec.compile_max_batch), Path(spec.cache_dir), spec.key, spec.threads, spec.name
     )

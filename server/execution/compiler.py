@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple, Protocol
 
 import torch
 from torch.compiler._cache import CacheArtifactManager  # with_fresh_cache: one build's artifacts
@@ -37,55 +36,11 @@ from server.execution.compute_thread import (
 from server.execution.graph_call import GraphCapture, layout, model_tensors, own_code, skipping_guards
 from server.execution.kernel_choice import PREPACKED, inductor_settings
 from server.execution.packaged import SharedConstants, load, package
+from server.execution.passes import Compilable, Pass
 from server.execution.step_check import StepMismatchError, mismatch
 
 log = logging.getLogger("tinyserve")
-
-
-class Compilable(Protocol):
-    device: torch.device
-    dtype: torch.dtype  # the coarsest its products round to: chooses the kernels
-    check_rounding: torch.dtype  # the coarsest rounding on its path (int8: quantized layers'): the check's tolerance
-    weights_bytes: int | None  # its model's linear weights (what a frozen graph copies; kernel_choice.py)
-    model: torch.nn.Module  # what `traced` reads
-    traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
-    # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy
-    # of the model whose blocks are one compile region (decoder/regional.py), traced with the weights as graph inputs
-    # bucket -> compiled, written by BackgroundCompiler.run when built and checked; read by the target's own call
-    compiled: dict[Hashable, Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]]
-
-    def example(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
-        """Scratch inputs of the bucket's shapes, the same values at every call (the function may write to them)."""
-        ...
-
-    def real_inputs(self, bucket: Hashable) -> tuple[torch.Tensor, ...]:
-        """Inputs a real request gives the bucket (text's tokens, a cache its prompts filled), new at every call."""
-        ...
-
-    def logits(self, output) -> torch.Tensor:
-        """The next-token logits (..., vocab) in what the function returned: what the check compares."""
-        ...
-
-    def matmul_rows(self, bucket: Hashable) -> int | None:
-        """The rows of the bucket's matrix products (what picks their kernel); None: any (a dynamic dimension)."""
-        ...
-
-
-def buckets(limit: int, smallest: int = 1) -> list[int]:
-    """Sizes with their own shapes: smallest, doubling while below limit, then limit."""
-    sizes = [smallest]
-    while sizes[-1] * 2 < limit:
-        sizes.append(sizes[-1] * 2)
-    return [size for size in sizes if size < limit] + [limit]
-
-
-class Pass(NamedTuple):
-    """One graph to build: a target's bucket, whole (frozen on the CPU) or regional (the target's `regional`
-    function, its blocks one region, the weights graph inputs: quick to build)."""
-
-    target: Compilable
-    bucket: Hashable
-    regional: bool = False
+SHARED_MARK = ".shared"  # beside a bucket's would-be artifacts: the graph its buckets share serves it, checked
 
 
 class BackgroundCompiler:
@@ -197,14 +152,16 @@ class BackgroundCompiler:
         """Hand groups of passes to `workers` processes, started by `run`, which build them while this compiler builds
         its own (compile_sharing.py, `split`) and finds theirs in the cache."""
         if self.cache_dir is not None:  # what the cache holds already is loaded here in a second
-            built = [p for p in self.passes if not (self.artifact(*p[1:]).exists() or self.shared_mark(*p[1:]))]
+            built = [p for p in self.passes if not self.kept(*p[1:])]
             labels = [self.label(p.bucket, p.regional) for p in built]
             shares = [p.regional and self.shared_key(p.bucket) for p in built]
             self.handed = [replace(spec, labels=tuple(ls)) for ls in split(labels, shares, workers)[1:]]
 
-    def shared_mark(self, bucket: Hashable, regional: bool) -> bool:
-        """Whether the bucket is kept as served by a graph its buckets share (`compiled_here`)."""
-        return regional and self.artifact(bucket, regional).with_suffix(".shared").exists()
+    def kept(self, bucket: Hashable, regional: bool) -> bool:
+        """Whether the cache holds the pass: its artifacts, or for a regional one the mark that the graph its buckets
+        share serves it (`compiled_here`)."""
+        saved = self.artifact(bucket, regional)
+        return saved.exists() or (regional and saved.with_suffix(SHARED_MARK).exists())
 
     def worker_of(self, label: str) -> CompileWorker | None:
         return next((w for w in self.workers if label in w.labels), None)
@@ -304,7 +261,7 @@ class BackgroundCompiler:
         # each bucket served by the graph its buckets share has a mark: the one it was built for beside its
         # artifacts, the others (checked on it, kept with the first's) instead of them
         key = self.shared_key(bucket) if regional else None
-        graph, mark = self.shared.get(key), saved and saved.with_suffix(".shared")
+        graph, mark = self.shared.get(key), saved and saved.with_suffix(SHARED_MARK)
         if graph is not None and mark is not None and mark.exists():
             return graph
         with CacheArtifactManager.with_fresh_cache():
@@ -325,7 +282,7 @@ class BackgroundCompiler:
         if bound is None:
             return self.checked(bucket, regional, check=False)
         # the shared graph, where it was built for this bucket (not a graph of its own, built when sharing failed)
-        if regional and (key := self.shared_key(bucket)) is not None and saved.with_suffix(".shared").exists():
+        if regional and (key := self.shared_key(bucket)) is not None and saved.with_suffix(SHARED_MARK).exists():
             self.shared.setdefault(key, bound)
         return bound
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from server.execution.compiler import buckets
+from server.execution.passes import buckets
 
 if TYPE_CHECKING:  # transformers is slow to import: loaded with the first fill-mask model
     from models.esperberto.model import MaskedLM

@@ -166,9 +166,7 @@ class ModelRegistry:
         card = (folder / "README.md").read_text() if (folder / "README.md").exists() else ""
         if family.kind == "causal":
             s = self.settings
-            runner = load_runner(
-                family.runner, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb
-            )
+            runner = load_runner(*self._runner_arguments(family, folder, device, dtype))
             engine = GenerationEngine(
                 runner,
                 s.max_batch_size,
@@ -293,19 +291,19 @@ class ModelRegistry:
             compilers.append(m.compiler)
         return compilers
 
+    def _runner_arguments(self, family: Family, folder: Path, device: torch.device, dtype: torch.dtype) -> tuple:
+        """load_runner's arguments for a causal checkpoint: the server's load, and a compile worker's."""
+        s = self.settings
+        return family.runner, folder, device, dtype, s.max_batch_size, s.weights, s.max_context, s.kv_cache_mb
+
     def _worker_spec(self, m: ServedModel, cache_dir: Path, key: str, threads: int) -> WorkerSpec:
         """How a compile worker loads the model's runner as `_load` did, and builds its passes as `_compilers` would."""
-        s, placed = self.settings, self.placement
+        runner, folder, device, dtype, *rest = self._runner_arguments(
+            m.family, m.folder, self.placement.device, self.placement.dtype
+        )
         return WorkerSpec(
-            runner=m.family.runner,
-            folder=str(m.folder),
-            device=str(placed.device),
-            dtype=str(placed.dtype).removeprefix("torch."),
-            max_rows=s.max_batch_size,
-            weights=s.weights,
-            max_context=s.max_context,
-            kv_cache_mb=s.kv_cache_mb,
-            compile_max_batch=s.compile_max_batch,
+            load=(runner, str(folder), str(device), str(dtype).removeprefix("torch."), *rest),
+            compile_max_batch=self.settings.compile_max_batch,
             cache_dir=str(cache_dir),
             key=key,
             threads=threads,

@@ -13,11 +13,11 @@ from tokenizers import Tokenizer
 from models.gpt import GPT
 from models.kv_cache import BLOCK_TOKENS
 from server.config import default
-from server.execution.compiler import Pass
 from server.execution.decoder.prepacked import adopt_prepacked
 from server.execution.decoder.prompt_pass import PromptPass
 from server.execution.decoder.step import CHECK_TEXT, DecodeStep
 from server.execution.decoder.verify_pass import VERIFY_TOKENS, VerifyPass
+from server.execution.passes import Pass
 from server.execution.runner import DecodeRows, ModelFacts, StepOutput, TextCodec
 
 

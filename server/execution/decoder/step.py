@@ -26,13 +26,13 @@ from models.kv_cache import BLOCK_TOKENS, PagedKVCache, blocks_for
 from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.execution import group_gemm
-from server.execution.compiler import buckets
 from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import linear_bytes, prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.decoder.step_inputs import StepInputs, pinned_like
 from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
+from server.execution.passes import buckets
 from server.execution.runner import DecodeRows, StepOutput
 from server.execution.steering import SteeringTable
 
