@@ -286,7 +286,7 @@ class ModelRegistry:
                 key = cache_key(m.folder, p.dtype, p.device, s.weights, (facts.slots, facts.context_length))
             threads = self.compute.call(torch.get_num_threads)
             m.compiler = BackgroundCompiler(passes, cache_dir, key, threads, m.id)
-            if m.runner is not None and cache_dir is not None and self.placement.device.type == "cpu":
+            if m.runner is not None and self.placement.device.type == "cpu":  # share_with needs the cache
                 m.compiler.share_with(self._worker_spec(m, cache_dir, key, threads), s.compile_workers)
             compilers.append(m.compiler)
         return compilers
