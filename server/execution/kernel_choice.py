@@ -37,7 +37,7 @@ def template_serves(rows: int | None, dtype: torch.dtype, weights_bytes: int | N
     """Whether a CPU step whose products have `rows` rows compiles them in the C++ GEMM template (None: rows
     that vary at run time, which the prepacked layers take: the template would need a choice for the
     attention's batched products too). In bf16 where the skinny kernel runs (skinny_gemm.py) only for a model
-    whose linear weights (`weights_bytes`) fit the CPU's last-level cache: there the frozen graph's step is faster
+    whose weights (`weights_bytes`) fit the CPU's last-level cache: there the frozen graph's step is faster
     (docs/BENCHMARKS.md, "Why these paths"); beyond it the kernel reads the plain weights at about the memory's
     speed, and a frozen graph would copy them and take minutes to build for a model of many layers."""
     if dtype == torch.bfloat16 and skinny_gemm.usable():

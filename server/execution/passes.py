@@ -12,7 +12,7 @@ class Compilable(Protocol):
     device: torch.device
     dtype: torch.dtype  # the coarsest its products round to: chooses the kernels
     check_rounding: torch.dtype  # the coarsest rounding on its path (int8: quantized layers'): the check's tolerance
-    weights_bytes: int | None  # its model's linear weights (what a frozen graph copies; kernel_choice.py)
+    weights_bytes: int | None  # what its model's weights hold (what a step reads; kernel_choice.py)
     model: torch.nn.Module  # what `traced` reads
     traced: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]  # compiled whole; run eagerly, the reference
     # the decode step and the prompts' pass also have `regional`: the same function over `regional_model`, a copy

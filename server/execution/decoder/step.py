@@ -27,7 +27,7 @@ from models.quantize import WeightOnlyInt8Linear
 from models.sampling import greedy_choice
 from server.execution import group_gemm
 from server.execution.decoder.cuda_graphs import CUDAGraphs
-from server.execution.decoder.prepacked import linear_bytes, prepacked_copy
+from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.decoder.step_inputs import StepInputs, pinned_like
 from server.execution.kernel_choice import template_serves
@@ -154,7 +154,8 @@ class DecodeStep:
         self.device = next(model.parameters()).device
         self.dtype = rounding_dtype(model)  # chooses the compiled step's kernels
         self.check_rounding = torch.int8 if group_gemm.in_use(model) else self.dtype  # the check's: int8 activations
-        self.weights_bytes = linear_bytes(model)
+        # all a step reads (a quantized layer's codes too, which linear_bytes does not count): picks frozen graphs
+        self.weights_bytes = sum(t.nbytes for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
