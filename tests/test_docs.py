@@ -18,6 +18,7 @@ PATH = re.compile(
     r"|(?:" + "|".join(re.escape(f) for f in ROOT_FILES) + r"))(?![\w*<{-])"
 )
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+ANCHOR = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
 
 
 def named_paths(text: str) -> list[str]:
@@ -33,6 +34,31 @@ def test_every_path_a_doc_names_exists(doc: Path):
     links = [link for link in LINK.findall(text) if "://" not in link and not link.startswith("mailto:")]
     missing += [link for link in links if not (doc.parent / link).exists()]
     assert not missing, f"{doc.relative_to(REPO)} names paths that do not exist: {sorted(set(missing))}"
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_anchor_a_doc_links_is_a_heading_there(doc: Path):
+    broken = []
+    for target, name in ANCHOR.findall(doc.read_text()):
+        linked = (doc.parent / target) if target else doc
+        if "://" in target or not linked.is_file():
+            continue  # an outside link, or a missing file (the test above names it)
+        headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.MULTILINE)
+        if name not in {anchor(h) for h in headings}:
+            broken.append(f"{target}#{name}")
+    assert not broken, f"{doc.relative_to(REPO)} links anchors with no heading: {broken}"
+
+
+def test_an_anchor_is_githubs():
+    assert anchor("EsperBERTo: `esperberto-softmax0`, `esperberto-softmax1`") == (
+        "esperberto-esperberto-softmax0-esperberto-softmax1"
+    )
+    assert anchor("Cog (Replicate)") == "cog-replicate" and anchor("HTTP path") == "http-path"
 
 
 def steps(text: str, heading: str) -> str:
