@@ -14,7 +14,6 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp, CliSettingsSource
 
-from server.api.app import create_app
 from server.config import Settings
 
 
@@ -39,7 +38,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own drain limit outlasts the streams' grace period (server/api/routers/sse.py)
     drain_s = int(settings.shutdown_grace_s) + 5
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, timeout_graceful_shutdown=drain_s)
+    from server.serving.registry import ModelRegistry
+
+    registry = ModelRegistry(settings)
+    registry.begin_loading()  # the weights load while the HTTP layer imports (seconds of a warm start)
+    from server.api.app import create_app
+
+    app = create_app(settings, registry)
+    uvicorn.run(app, host=settings.host, port=settings.port, timeout_graceful_shutdown=drain_s)
 
 
 if __name__ == "__main__":

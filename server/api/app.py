@@ -32,9 +32,10 @@ from server.serving.registry import ModelRegistry
 log = logging.getLogger("tinyserve")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
-    registry = ModelRegistry(settings)
+def create_app(settings: Settings | None = None, registry: ModelRegistry | None = None) -> FastAPI:
+    """The app over `registry` (by default a new one over `settings`), which loads its models at start-up."""
+    settings = settings or (registry.settings if registry is not None else Settings())
+    registry = registry or ModelRegistry(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

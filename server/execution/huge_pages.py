@@ -12,7 +12,8 @@ the tensors live).
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
+import ctypes.util
 import mmap
 from pathlib import Path
 
@@ -24,6 +25,7 @@ HUGE_PAGE = 2 * 2**20
 ALIGN = 64  # each tensor on its own cache lines (the kernels' vector loads)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Python 3.11 lacks the name
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if ctypes.util.find_library("c") else None
 
 
 def thp_mode() -> str:
@@ -45,15 +47,15 @@ def on_huge_pages(model: torch.nn.Module) -> int:
     # private (a shared anonymous mapping is shmem, whose huge pages are another setting), untouched: its pages
     # come at the first write, after the advice
     block = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    start = -address(block) % HUGE_PAGE  # huge pages cover 2 MB-aligned ranges
+    base = address(block)
+    start = -base % HUGE_PAGE  # huge pages cover 2 MB-aligned ranges
     block.madvise(mmap.MADV_HUGEPAGE, start, sum(sizes))
     offset = start
     with torch.no_grad():
         for t, size in zip(tensors, sizes, strict=True):
             # Linux 5.14+: the tensor's pages faulted in at once, 3x quicker than by the copy; one tensor at a time,
             # so that the block grows as the old storages go (all at once, the weights were held twice)
-            with contextlib.suppress(OSError):
-                block.madvise(MADV_POPULATE_WRITE, offset - offset % mmap.PAGESIZE, size + offset % mmap.PAGESIZE)
+            populate(base + offset - offset % mmap.PAGESIZE, size + offset % mmap.PAGESIZE)
             # a storage of its own over the block (each keeps the mapping alive): tensors that share a storage
             # would be aliases to dynamo, which refuses them as inputs of a nested compile region
             nbytes = t.numel() * t.element_size()
@@ -64,6 +66,14 @@ def on_huge_pages(model: torch.nn.Module) -> int:
     if MALLOC_TRIM is not None:
         MALLOC_TRIM(0)  # the C heap's freed weights handed back
     return offset - start
+
+
+def populate(begin: int, length: int) -> None:
+    """madvise(MADV_POPULATE_WRITE) through ctypes, which lets go of the GIL (mmap.madvise holds it): the page
+    faults of a 1B model's block took seconds on a fresh VM, which another thread's imports may use. Where it
+    fails (Linux before 5.14) the copy faults the pages in."""
+    if LIBC is not None:
+        LIBC.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(length), MADV_POPULATE_WRITE)
 
 
 def address(block: mmap.mmap) -> int:

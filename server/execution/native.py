@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,22 @@ def torch_flags() -> tuple[list[str], list[str]]:
     return [f"-I{root / 'include'}"], [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
+def inductor_cache_dir() -> str:
+    """Inductor's cache folder (TORCHINDUCTOR_CACHE_DIR, or its default), from the module torch keeps free of torch's
+    imports: `import torch._inductor` first imports dynamo and inductor, ~2 s that a warm start then waited for
+    before loading any weights (the compiler's imports run beside the load instead: registry.py)."""
+    import importlib.util
+
+    name = "tinyserve_inductor_cache_dir"
+    if name not in sys.modules:
+        path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name].cache_dir()
+
+
 def build(source: Path, what: str, shapes: dict[str, Callable] | None = None) -> ctypes.CDLL | None:
     """The library of `source`, built if this machine has none yet; None where no compiler builds it (a log line
     names `what` and why). `shapes`: the shape function (fake) of each op the library registers, given to torch when
@@ -39,15 +56,13 @@ def build(source: Path, what: str, shapes: dict[str, Callable] | None = None) ->
         log.warning("%s is not built: no C++ compiler (%s) on PATH", what, compiler)
         return None
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    from torch._inductor.runtime.cache_dir_utils import cache_dir  # inductor's folder, TORCHINDUCTOR_CACHE_DIR
-
     try:
         texts = [source.read_text(), *(h.read_text() for h in sorted(source.parent.glob("*.h")))]  # and its headers
         includes, links = torch_flags()
         flags = [*FLAGS, *includes]
         facts = [*texts, *flags, *links, version, torch.__version__]
         digest = hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
-        built = Path(cache_dir()) / "tinyserve" / f"{source.stem}-{digest}.so"
+        built = Path(inductor_cache_dir()) / "tinyserve" / f"{source.stem}-{digest}.so"
         if not built.exists():
             built.parent.mkdir(parents=True, exist_ok=True)
             partial = built.with_suffix(f".{os.getpid()}.tmp")

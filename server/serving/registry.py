@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,12 @@ class ServedModel:
         return self.family.kind
 
 
+def compiler_modules() -> None:
+    """Import dynamo and inductor (~2 s of Python) while the compute thread loads the weights, which mostly runs
+    without the GIL (file reads, copies, the huge pages' faults): a warm start's first kept pass needs them."""
+    import torch._inductor.standalone_compile  # noqa: F401  # the kept graphs' loader (compile_cache.py)
+
+
 def compiler_imports() -> None:
     """Import inductor and let it probe the CPU's vector instructions (C++ test builds, ~1.5 s) beside the warm-up
     and the compiler's start: the first compiled pass loaded from the cache waited ~3 s for them, a third of a warm
@@ -85,16 +92,22 @@ class ModelRegistry:
     loaded: threading.Event = field(default_factory=threading.Event)  # set when nothing is left loading
     compiled: threading.Event = field(default_factory=threading.Event)  # set when compiling is over too
     _behind: list[CheckpointInfo] = field(default_factory=list)  # what start's background thread loads
+    _queued: list[Future] | None = None  # the loads /health waits for, once begun
     vectors: NamedVectors | None = None  # the models' named steering vectors
 
     def __post_init__(self) -> None:
         self.vectors = NamedVectors(self.settings.steering_vectors_kept)
 
-    def load_all(self) -> None:
-        """Load what /health waits for on the compute thread (started here): the default completion model
-        (the first valid causal checkpoint in store order), or with ready_after="all" every checkpoint.
-        The others are left to `start`; a bad checkpoint is refused."""
+    def begin_loading(self) -> None:
+        """Queue on the compute thread (started here) what /health waits for: the default completion model (the first
+        valid causal checkpoint in store order), or with ready_after="all" every checkpoint. The others are left to
+        `start`; a bad checkpoint is refused. `python -m server` calls this before it imports the HTTP layer, which
+        then imports beside the load (most of a load runs without the GIL)."""
+        if self._queued is not None:
+            return
         self.compute.start()
+        if self.settings.compile_models:
+            threading.Thread(target=compiler_modules, name="compiler-modules", daemon=True).start()
         wanted = set(self.settings.models) if self.settings.models else None
         found = list_checkpoints(self.settings.store)
         for missing in sorted((wanted or set()) - {info.id for info in found}):
@@ -107,8 +120,13 @@ class ModelRegistry:
             now = gpts[:1] or infos[:1]
         self._behind = [info for info in infos if info not in now]
         self.loading = {info.id: info.family.kind if info.family else "" for info in self._behind}
-        for info in now:
-            self.compute.call(self._load_checkpoint, info)
+        self._queued = [self.compute.submit(self._load_checkpoint, info) for info in now]
+
+    def load_all(self) -> None:
+        """Load what /health waits for (`begin_loading`, unless begun already) and wait for it."""
+        self.begin_loading()
+        for loaded in self._queued:
+            loaded.result()
         if self.settings.compile_models and self.placement.device.type == "cpu":
             threading.Thread(target=compiler_imports, name="compiler-imports", daemon=True).start()
         if not self._behind:
