@@ -34,8 +34,8 @@ log = logging.getLogger("tinyserve")
 
 def create_app(settings: Settings | None = None, registry: ModelRegistry | None = None) -> FastAPI:
     """The app over `registry` (by default a new one over `settings`), which loads its models at start-up."""
-    settings = settings or (registry.settings if registry is not None else Settings())
-    registry = registry or ModelRegistry(settings)
+    registry = registry or ModelRegistry(settings or Settings())
+    settings = registry.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

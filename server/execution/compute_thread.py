@@ -395,4 +395,5 @@ def settle_garbage() -> None:
 
 
 # glibc's malloc_trim, where the C library has one (not macOS's, nor musl's)
-MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+MALLOC_TRIM = getattr(LIBC, "malloc_trim", None)

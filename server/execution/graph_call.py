@@ -74,6 +74,11 @@ class GraphCapture:
         return None if recipes is None else BoundGraph(self.graphs[0][2], recipes, weights or {}, returns_tensor)
 
 
+def distinct_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's parameters and buffers, each once (a tied head, a table every block shares)."""
+    return list({id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+
+
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor a model holds by a name: its parameters, buffers and tensor attributes (a prepacked layer's
     packed weight), the first name of a tensor held twice (tied weights)."""

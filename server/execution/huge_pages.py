@@ -13,19 +13,18 @@ the tensors live).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 from pathlib import Path
 
 import torch
 
-from server.execution.compute_thread import MALLOC_TRIM
+from server.execution.compute_thread import LIBC, MALLOC_TRIM
+from server.execution.graph_call import distinct_tensors
 
 HUGE_PAGE = 2 * 2**20
 ALIGN = 64  # each tensor on its own cache lines (the kernels' vector loads)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Python 3.11 lacks the name
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if ctypes.util.find_library("c") else None
 
 
 def thp_mode() -> str:
@@ -40,7 +39,7 @@ def thp_mode() -> str:
 def on_huge_pages(model: torch.nn.Module) -> int:
     """Every CPU parameter and buffer of the model moved into one block advised for huge pages, in place (the
     modules keep their tensors, now views of the block); the bytes moved (0 on another device or without THP)."""
-    tensors = list({id(t): t for t in [*model.parameters(), *model.buffers()] if t.device.type == "cpu"}.values())
+    tensors = [t for t in distinct_tensors(model) if t.device.type == "cpu"]
     if thp_mode() == "never" or not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
         return 0
     sizes = [-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in tensors]
@@ -72,8 +71,7 @@ def populate(begin: int, length: int) -> None:
     """madvise(MADV_POPULATE_WRITE) through ctypes, which lets go of the GIL (mmap.madvise holds it): the page
     faults of a 1B model's block took seconds on a fresh VM, which another thread's imports may use. Where it
     fails (Linux before 5.14) the copy faults the pages in."""
-    if LIBC is not None:
-        LIBC.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(length), MADV_POPULATE_WRITE)
+    LIBC.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(length), MADV_POPULATE_WRITE)
 
 
 def address(block: mmap.mmap) -> int:

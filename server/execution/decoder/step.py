@@ -30,6 +30,7 @@ from server.execution.decoder.cuda_graphs import CUDAGraphs
 from server.execution.decoder.prepacked import prepacked_copy
 from server.execution.decoder.regional import regional_copy
 from server.execution.decoder.step_inputs import StepInputs, pinned_like
+from server.execution.graph_call import distinct_tensors
 from server.execution.kernel_choice import template_serves
 from server.execution.packaged import WholePass
 from server.execution.passes import buckets
@@ -155,7 +156,7 @@ class DecodeStep:
         self.dtype = rounding_dtype(model)  # chooses the compiled step's kernels
         self.check_rounding = torch.int8 if group_gemm.in_use(model) else self.dtype  # the check's: int8 activations
         # all a step reads (a quantized layer's codes too, which linear_bytes does not count): picks frozen graphs
-        self.weights_bytes = sum(t.nbytes for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+        self.weights_bytes = sum(t.nbytes for t in distinct_tensors(model))
         # what runs uncompiled (prefills, and a bucket until its compiled step is ready); the compiler
         # traces the plain model's step
         self.eager_model = prepacked_copy(model)
