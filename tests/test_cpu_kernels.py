@@ -12,7 +12,7 @@ from models.sampling import SamplingParams
 from server.engine.core import GenerationEngine
 from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.runner import GPTRunner
-from server.execution.kernel_choice import TEMPLATE_GEMM_MAX_ROWS, inductor_settings
+from server.execution.kernel_choice import TEMPLATE_GEMM_MAX_ROWS, inductor_settings, template_takes
 from tests.conftest import AVX2, AVX512_BF16, emulate_cpu, tiny_gpt
 from tests.test_compiled_step import started
 
@@ -26,6 +26,11 @@ def test_cpu_steps_freeze_weights_and_only_cuda_steps_replay_cuda_graphs(monkeyp
     assert few_rows["freezing"] and few_rows["max_autotune"] and few_rows["max_autotune_gemm_backends"] == "CPP"
     most = TEMPLATE_GEMM_MAX_ROWS
     assert inductor_settings(cpu, most, f32) == few_rows != inductor_settings(cpu, most + 1, f32)
+
+
+def test_only_a_gpt_with_relational_heads_is_kept_from_the_template():
+    assert template_takes(tiny_gpt()) and template_takes(None)  # a pass without a GPT: its rows decide
+    assert not template_takes(tiny_gpt(n_head=2, n_relational_head=2, positions="rope"))
 
 
 def test_without_avx512_every_cpu_step_runs_its_matmuls_in_the_cpp_gemm_template(monkeypatch):

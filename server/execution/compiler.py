@@ -34,8 +34,8 @@ from server.execution.compute_thread import (
     settle_garbage,
 )
 from server.execution.graph_call import GraphCapture, layout, model_tensors, own_code, skipping_guards
-from server.execution.kernel_choice import PREPACKED, inductor_settings
-from server.execution.packaged import SharedConstants, load, package
+from server.execution.kernel_choice import PREPACKED, inductor_settings, template_takes
+from server.execution.packaged import SharedConstants, load, package, templates_compiled_once
 from server.execution.passes import Compilable, Pass
 from server.execution.step_check import StepMismatchError, mismatch
 
@@ -232,6 +232,8 @@ class BackgroundCompiler:
             if not kept:
                 rows = target.matmul_rows(bucket)
                 settings = inductor_settings(target.device, rows, target.dtype, target.weights_bytes)
+                if not template_takes(target.model):
+                    settings = PREPACKED
                 package(target, bucket, unchecked, {**settings, "cpp.threads": self.threads})
             self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
             compiled = load(path if kept else unchecked, self.constants)
@@ -312,6 +314,8 @@ class BackgroundCompiler:
             return compiled
         settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype, target.weights_bytes)
         fallback = PREPACKED if target.device.type == "cpu" else settings
+        if not template_takes(getattr(target, "model", None)):
+            settings = fallback
         try:
             compiled = self.compile(bucket, settings)
         except Exception as e:
@@ -360,7 +364,7 @@ class BackgroundCompiler:
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=capture)
         with one_openmp_thread():  # the first team of this thread comes with the compiled step's first run
             example = target.example(bucket, shared=True) if shared else target.example(bucket)
-        with torch._inductor.config.patch(config):
+        with torch._inductor.config.patch(config), templates_compiled_once():
             output = compiled(*example)
         weights = self.weights(bucket, regional) if target.device.type == "cpu" else None
         direct = capture.direct(fn, returns_tensor=isinstance(output, torch.Tensor), weights=weights)

@@ -46,6 +46,14 @@ def template_serves(rows: int | None, dtype: torch.dtype, weights_bytes: int | N
     return rows is not None and (rows <= TEMPLATE_GEMM_MAX_ROWS or not cpu.cpu_features().avx512)
 
 
+def template_takes(model: torch.nn.Module | None) -> bool:
+    """Whether the C++ GEMM template can lower every product of the model's graphs: not a GPT's with relational
+    heads, whose batched product over the cached symbols torch 2.13 offers no template choice for (the build
+    fails: compiler.py builds such a step with the prepacked layers, once)."""
+    config = getattr(model, "config", None)
+    return not getattr(config, "n_relational_head", 0)
+
+
 def inductor_settings(
     device: torch.device, rows: int | None, dtype: torch.dtype, weights_bytes: int | None = None
 ) -> dict:
