@@ -321,7 +321,7 @@ class BackgroundCompiler:
         except Exception as e:
             if settings == fallback:
                 raise
-            # the C++ GEMM template loses a dynamic size in some graphs (the additive attention score's)
+            # a product the C++ GEMM template cannot lower that `template_takes` does not know of
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled = self.compile(bucket, fallback)
         return matching(bucket, target.traced, compiled)
