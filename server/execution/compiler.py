@@ -230,11 +230,7 @@ class BackgroundCompiler:
         kept, unchecked = path.exists(), path.with_name(path.stem + ".unchecked.pt2")
         try:
             if not kept:
-                rows = target.matmul_rows(bucket)
-                settings = inductor_settings(target.device, rows, target.dtype, target.weights_bytes)
-                if not template_takes(target.model):
-                    settings = PREPACKED
-                package(target, bucket, unchecked, {**settings, "cpp.threads": self.threads})
+                package(target, bucket, unchecked, {**self.kernels(bucket), "cpp.threads": self.threads})
             self.constants.add(itertools.chain(target.model.parameters(), target.model.buffers()))
             compiled = load(path if kept else unchecked, self.constants)
         except Exception as e:  # an OSError: e.g. a read-only cache
@@ -312,10 +308,8 @@ class BackgroundCompiler:
             if key is not None:
                 self.shared.setdefault(key, compiled)
             return compiled
-        settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype, target.weights_bytes)
+        settings = self.kernels(bucket)
         fallback = PREPACKED if target.device.type == "cpu" else settings
-        if not template_takes(getattr(target, "model", None)):
-            settings = fallback
         try:
             compiled = self.compile(bucket, settings)
         except Exception as e:
@@ -325,6 +319,15 @@ class BackgroundCompiler:
             log.warning("%s: C++ GEMM template failed (%s); prepacked linear layers instead", self.label(bucket), e)
             compiled = self.compile(bucket, fallback)
         return matching(bucket, target.traced, compiled)
+
+    def kernels(self, bucket: Hashable) -> dict:
+        """Inductor's settings for the bucket's whole graph: by its rows (kernel_choice.py), the C++ GEMM template
+        left out for a model it cannot lower (`template_takes`)."""
+        target = self.targets[bucket]
+        settings = inductor_settings(target.device, target.matmul_rows(bucket), target.dtype, target.weights_bytes)
+        if target.device.type == "cpu" and not template_takes(getattr(target, "model", None)):
+            return dict(PREPACKED)
+        return settings
 
     def shared_key(self, bucket: Hashable) -> tuple[str, Hashable] | None:
         """The regional graph the bucket shares with others of its target (`shared_graph`), or None: its own."""
