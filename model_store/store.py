@@ -16,6 +16,7 @@ with an error naming the file and the problem.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -29,6 +30,7 @@ from tokenizers import Tokenizer
 
 from model_store.digests import sha256_of
 from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
+from model_store.placement import Arena, joining_in, read_placed
 from model_store.weights_file import WeightsFile
 from models.gpt import GPT, GPTConfig
 from models.quantize import attach_groups
@@ -193,23 +195,36 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def load_gpt(
-    folder: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_context: int | None = None
+    folder: Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_context: int | None = None,
+    arena: Arena | None = None,
 ) -> tuple[GPT, Tokenizer]:
     """Validate and load a checkpoint our decoder serves (ours, or a transformers family mapped onto it,
-    its positions capped at max_context) in eval mode; shape mismatches name the tensor."""
+    its positions capped at max_context) in eval mode; shape mismatches name the tensor. arena: where the weights
+    are read into, as they are served (model_store/placement.py; a CPU model's)."""
     folder = Path(folder)
     config_dict = validate(folder)
     if (family := family_of(config_dict)) is None or family.runner != "decoder":
         name = config_dict.get("architecture") or config_dict.get("architectures")
         raise CheckpointError(folder / "config.json", f"architecture {name!r} is not served by the decoder")
+
+    def mapped(state: dict[str, torch.Tensor]) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+        if family.name == "gpt":
+            return GPTConfig.from_dict(config_dict), state
+        return decoder_checkpoint(config_dict, state, max_context)
+
     with WeightsFile(folder / "model.safetensors") as f:  # cast one tensor at a time, the file not mapped
         layers = quantized_layers(f)  # group-quantized layers (a GGUF file's blocks): codes and float32 scales as kept
-        state = {k: cast(f.get_tensor(k), dtype) for k in f.keys() if k.rpartition(".")[0] not in layers}
-    try:
-        if family.name == "gpt":
-            config = GPTConfig.from_dict(config_dict)
+        names = [k for k in f.keys() if k.rpartition(".")[0] not in layers]
+        if arena is not None:
+            state = read_placed(f, names, dtype, lambda s: mapped(s)[1], arena)
         else:
-            config, state = decoder_checkpoint(config_dict, state, max_context)
+            state = {k: cast(f.get_tensor(k), dtype) for k in names}
+    try:
+        with joining_in(arena) if arena is not None else contextlib.nullcontext():
+            config, state = mapped(state)
     except MissingTensor as e:
         raise CheckpointError(folder / "model.safetensors", f"missing tensor {e}") from None
     except (TypeError, ValueError, KeyError) as e:

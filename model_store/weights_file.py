@@ -51,14 +51,27 @@ class WeightsFile:
     def keys(self) -> list[str]:
         return list(self.entries)
 
+    def dtype(self, name: str) -> torch.dtype:
+        return DTYPES[self.entries[name]["dtype"]]
+
+    def shape(self, name: str) -> torch.Size:
+        return torch.Size(self.entries[name]["shape"])
+
     def get_tensor(self, name: str) -> torch.Tensor:
-        entry = self.entries[name]
-        begin, end = entry["data_offsets"]
-        data = torch.empty(end - begin, dtype=torch.uint8)
-        view, done = memoryview(data.numpy()), 0
+        out = torch.empty(self.shape(name), dtype=self.dtype(name))
+        self.read_into(name, out)
+        return out
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """The tensor's bytes read into `out` (contiguous, of its dtype and shape: a place made for it)."""
+        begin, end = self.entries[name]["data_offsets"]
+        if out.dtype != self.dtype(name) or out.shape != self.shape(name) or not out.is_contiguous():
+            raise ValueError(f"tensor {name}: no place for its {self.dtype(name)} {list(self.shape(name))}")
+        view, done = memoryview(out.view(-1).view(torch.uint8).numpy()), 0
+        if len(view) != end - begin:
+            raise ValueError(f"tensor {name}: {end - begin} bytes in the file for {len(view)}")
         while done < len(view):  # a read may return fewer bytes than asked
             read = os.preadv(self.fd, [view[done:]], self.start + begin + done)
             if read == 0:
                 raise ValueError(f"tensor {name} runs past the end of the file")
             done += read
-        return data.view(DTYPES[entry["dtype"]]).view(entry["shape"])

@@ -209,3 +209,25 @@ def test_the_transformers_runner_starts_prompts_as_its_tokenizer_does(tmp_path):
     assert codec.decode(tokenizer("w5 w9")["input_ids"]) == tokenizer.decode(
         tokenizer("w5 w9")["input_ids"], skip_special_tokens=True, clean_up_tokenization_spaces=False
     )
+
+
+@pytest.mark.parametrize("name", list(families()))
+def test_a_checkpoint_read_into_its_huge_page_block_is_the_same_model(tmp_path, name):
+    """Read straight into the block it is served from (model_store/placement.py): the same weights, each a storage of
+    its own; a family's renamed and joined tensors (q/k/v, gate/up: a span of the block, no copy) all in the block."""
+    from server.execution.huge_pages import HugePageBlock, on_huge_pages
+
+    _, folder = stored(tmp_path, name)  # float32 files: cast to bf16 on the way in
+    plain, _ = load_gpt(folder, dtype=torch.bfloat16)
+    block = HugePageBlock()
+    placed, _ = load_gpt(folder, dtype=torch.bfloat16, arena=block)
+    want, got = dict(plain.named_parameters()), dict(placed.named_parameters())
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert len({t.untyped_storage().data_ptr() for t in got.values()}) == len(got)
+    held = {k for k, t in got.items() if block.holds(t)}
+    if name.startswith(("llama", "mistral", "qwen")):
+        assert held == set(got)
+    else:  # what a mapping computes (a transpose, a norm's +1) is not read into the block
+        assert held < set(got)
+    moved = on_huge_pages(placed, block)  # the rest, into a block of their own
+    assert moved < sum(t.nbytes for t in got.values()) and all(torch.equal(want[k], got[k]) for k in want)

@@ -45,3 +45,28 @@ def test_without_huge_pages_nothing_moves(monkeypatch):
     where = [p.data_ptr() for p in model.parameters()]
     assert huge_pages.on_huge_pages(model) == 0
     assert [p.data_ptr() for p in model.parameters()] == where
+
+
+
+def test_a_checkpoint_is_read_straight_into_a_block_and_nothing_is_moved_again(tmp_path, tiny_tokenizer):
+    """Our GPT's tensors in the file's dtype: each read into its place in the block (no buffer), a storage each,
+    64-byte aligned, the model computing as the plain load's; on_huge_pages then moves only what the file lacks."""
+    from model_store import load_gpt
+    from model_store.store import write_checkpoint
+
+    model = tiny_gpt(vocab_size=tiny_tokenizer.get_vocab_size())
+    write_checkpoint(tmp_path / "tiny", model, tiny_tokenizer, card="# tiny\n", metrics={}, dtype=torch.float32)
+    plain, _ = load_gpt(tmp_path / "tiny")
+    block = huge_pages.HugePageBlock()
+    placed, _ = load_gpt(tmp_path / "tiny", arena=block)
+    params = list(placed.parameters())
+    assert all(block.holds(p) for p in params) and all(p.data_ptr() % huge_pages.ALIGN == 0 for p in params)
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)
+    assert "hg" in vm_flags(params[0].data_ptr()) or huge_pages.thp_mode() == "never"
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(placed(ids).logits, plain(ids).logits)
+    buffers = sum(b.nbytes for b in placed.buffers())  # the sinusoidal table: made, not read
+    assert huge_pages.on_huge_pages(placed, block) in (0, huge_pages.aligned(buffers))
+    with pytest.raises(RuntimeError, match="one checkpoint"):
+        block.place([[(torch.float32, torch.Size([4]))]])

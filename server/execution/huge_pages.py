@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 from pathlib import Path
 
 import torch
@@ -36,13 +37,76 @@ def thp_mode() -> str:
     return text[text.index("[") + 1 : text.index("]")] if "[" in text else "never"
 
 
-def on_huge_pages(model: torch.nn.Module) -> int:
+def huge_pages_offered() -> bool:
+    return thp_mode() != "never" and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+class HugePageBlock:
+    """A block advised for huge pages that a checkpoint's tensors are read straight into (model_store/placement.py's
+    Arena), its pages faulted in by a thread of its own meanwhile (ctypes lets go of the GIL): on these VMs fresh
+    memory comes at first touch, 2 GB in 3-5 s, which the reads then no longer wait for."""
+
+    def __init__(self) -> None:
+        self.block: mmap.mmap | None = None
+        self.start = self.end = 0
+
+    def place(self, groups: list[list[tuple[torch.dtype, torch.Size]]]) -> list[list[torch.Tensor]]:
+        if self.block is not None:
+            raise RuntimeError("a block holds one checkpoint's tensors")
+        sizes = [[shape.numel() * dtype.itemsize for dtype, shape in group] for group in groups]
+        total = sum(aligned(sum(group)) for group in sizes)
+        self.block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        base = address(self.block)
+        self.start = -base % HUGE_PAGE
+        self.end = self.start + total
+        if total:
+            self.block.madvise(mmap.MADV_HUGEPAGE, self.start, total)
+            threading.Thread(target=populate, args=(base + self.start, total), name="huge-pages", daemon=True).start()
+        offset, placed = self.start, []
+        for group, group_sizes in zip(groups, sizes, strict=True):
+            placed.append([])
+            for (dtype, shape), size in zip(group, group_sizes, strict=True):
+                placed[-1].append(self.tensor(offset, size, dtype, shape))
+                offset += size
+            offset = self.start + aligned(offset - self.start)
+        return placed
+
+    def span(self, parts: list[torch.Tensor]) -> torch.Tensor | None:
+        first, rest = parts[0], parts[0].shape[1:]
+        adjacent = all(
+            p.dtype == first.dtype and p.is_contiguous() and p.shape[1:] == rest and self.holds(p) for p in parts
+        ) and all(b.data_ptr() == a.data_ptr() + a.nbytes for a, b in zip(parts, parts[1:], strict=False))
+        if not adjacent or not first.dim():
+            return None
+        offset = first.data_ptr() - address(self.block)
+        shape = torch.Size([sum(p.shape[0] for p in parts), *rest])
+        return self.tensor(offset, sum(p.nbytes for p in parts), first.dtype, shape)
+
+    def tensor(self, offset: int, size: int, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
+        """A tensor over the block's bytes at offset, with a storage of its own (see on_huge_pages)."""
+        if not size:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self.block, dtype=torch.uint8, count=size, offset=offset).view(dtype).view(shape)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        if self.block is None or t.device.type != "cpu" or not t.nbytes:
+            return False
+        base = address(self.block)
+        return base + self.start <= t.data_ptr() and t.data_ptr() + t.nbytes <= base + self.end
+
+
+def aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+def on_huge_pages(model: torch.nn.Module, placed: HugePageBlock | None = None) -> int:
     """Every CPU parameter and buffer of the model moved into one block advised for huge pages, in place (the
-    modules keep their tensors, now views of the block); the bytes moved (0 on another device or without THP)."""
-    tensors = [t for t in distinct_tensors(model) if t.device.type == "cpu"]
-    if thp_mode() == "never" or not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
+    modules keep their tensors, now views of the block), but for those already `placed` in one; the bytes moved (0
+    on another device or without THP)."""
+    tensors = [t for t in distinct_tensors(model) if t.device.type == "cpu" and not (placed and placed.holds(t))]
+    if not huge_pages_offered() or not tensors:
         return 0
-    sizes = [-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in tensors]
+    sizes = [aligned(t.numel() * t.element_size()) for t in tensors]
     # private (a shared anonymous mapping is shmem, whose huge pages are another setting), untouched: its pages
     # come at the first write, after the advice
     block = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

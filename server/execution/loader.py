@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from models.kv_cache import BLOCK_TOKENS
-from server.execution.huge_pages import on_huge_pages
+from server.execution.huge_pages import HugePageBlock, huge_pages_offered, on_huge_pages
 
 log = logging.getLogger("tinyserve")
 
@@ -38,7 +38,9 @@ def load_runner(
     if runner == "decoder":  # ours, or a family model_store/families.py maps onto it
         from server.execution.decoder.runner import GPTRunner, pool_blocks
 
-        model, tokenizer = load_gpt(folder, device, dtype, max_context)
+        # native weights are served as read: straight into the huge-page block (int8/int4 replace them)
+        block = HugePageBlock() if weights == "native" and device.type == "cpu" and huge_pages_offered() else None
+        model, tokenizer = load_gpt(folder, device, dtype, max_context, block)
         family = (json.loads((folder / "config.json").read_text()).get("architectures") or ["gpt"])[0]
         try:
             blocks = pool_blocks(model, max_rows, budget)
@@ -46,7 +48,7 @@ def load_runner(
             raise CheckpointError(folder, str(e)) from None
         model = quantize(model)
         held = held_as(model, dtype, weights)
-        on_huge_pages(model)  # before the runner's copies of it (prepacked layers) and its cache
+        on_huge_pages(model, block)  # the rest; before the runner's copies of it (prepacked layers) and its cache
         served = GPTRunner(model, tokenizer, max_rows, family, blocks)
         served.facts = replace(served.facts, weights=held)
         log.info("%s: weights %s", folder.name, held)
