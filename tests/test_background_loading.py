@@ -14,6 +14,9 @@ from server.execution.compiler import BackgroundCompiler
 from server.execution.decoder.verify_pass import VerifyPass
 from server.serving.registry import ModelLoadingError, ModelRegistry
 
+# a server stopped while its loader thread still loads ends that thread quietly (no exception escapes it)
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 
 @pytest.fixture
 def held(monkeypatch):

@@ -50,6 +50,10 @@ class WrongThreadError(RuntimeError):
     """A served model was called from a thread other than the compute thread."""
 
 
+class ComputeStopping(RuntimeError):
+    """Work handed to a compute thread that is stopping (the server shuts down)."""
+
+
 class ComputeThread:
     def __init__(self, name: str = "compute") -> None:
         self.name = name
@@ -100,7 +104,7 @@ class ComputeThread:
         future: Future[T] = Future()
         with self._wake:
             if self._stopping:
-                raise RuntimeError("the compute thread is stopping")
+                raise ComputeStopping("the compute thread is stopping")
             self._jobs.append((lambda: fn(*args, **kwargs), future))
             self._wake.notify()
         return future
@@ -316,6 +320,8 @@ def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str 
         try:
             with gate.gating():
                 work()
+        except ComputeStopping:  # the server stopped first: what is left to load or build is not wanted
+            log.info("%s work stopped with the server", name)
         finally:
             pause.resume()
             log.info(
