@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from models.quantize import GroupQuantLinear, pack_nibbles
-from server.execution.group_gemm import product
+from server.execution.group_gemm import product, usable
 
 
 def timed(fn, x, repeat: int = 50) -> float:
@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--shape", action="append", help="IN x OUT, e.g. 1024x3072 (default: Qwen3-0.6B's MLP)")
     parser.add_argument("--rows", default="1,8,16,17,32,128")
     args = parser.parse_args()
+    if not usable():  # builds and loads the kernel, which registers its op
+        raise SystemExit("our group kernel does not run here: no AVX-512 VNNI and BF16, or no compiler built it")
     torch.manual_seed(0)
     for shape in args.shape or ["1024x3072", "3072x1024"]:
         k, n = (int(v) for v in shape.split("x"))
