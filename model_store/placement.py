@@ -3,10 +3,9 @@ block), the ones a family's mapping joins (q/k/v, gate/up: `torch.cat` of rows) 
 is the span over them, not a copy.
 
 Reading into buffers, joining, then moving every tensor into the block touched each weight's bytes three times, in
-fresh memory each time: a Llama-3.2-1B shape's warm start spent 7-8 s of its 10-12 s there (docs/BENCHMARKS.md,
-"Start-up"). Which tensors a mapping joins is learned by running it on meta tensors first, so the families' code
-(model_store/families.py) stays as it reads; what a mapping computes otherwise (a transpose, a norm's +1) is read
-into a buffer of its own as before.
+fresh memory each time: most of a large model's warm start (docs/BENCHMARKS.md, "Start-up"). Which tensors a
+mapping joins is learned by running it on meta tensors first, so the families' code (model_store/families.py) stays
+as it reads; what a mapping computes otherwise (a transpose, a norm's +1) is read into a buffer of its own as before.
 """
 
 from __future__ import annotations
@@ -36,6 +35,10 @@ class Arena(Protocol):
         ...
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
+
+
 def read_placed(f: WeightsFile, names: list[str], dtype: torch.dtype, mapping: Mapping, arena: Arena) -> dict:
     """The file's tensors `names`, floating ones in `dtype`: those the mapping serves as they are or joins, read into
     the arena (the joined ones adjacent in the mapping's order); the rest into buffers of their own."""
@@ -53,8 +56,7 @@ def read_placed(f: WeightsFile, names: list[str], dtype: torch.dtype, mapping: M
     placed = set(state)
     for name in names:
         if name not in placed:
-            t = f.get_tensor(name)
-            state[name] = t.to(dtype) if t.is_floating_point() else t
+            state[name] = cast(f.get_tensor(name), dtype)
     return state
 
 
@@ -71,7 +73,7 @@ def placed_groups(mapping: Mapping, specs: dict[str, tuple[torch.dtype, torch.Si
             if parts is None or not all(id(p) in names for p in parts):
                 return func(*args, **(kwargs or {}))
             joins.append([names[id(p)] for p in parts])
-            # its result made here: a meta torch.cat imports dynamo (1.4 s), which the server imports beside the load
+            # its result made here: a meta torch.cat imports dynamo, which the server imports beside the load
             shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
             out = torch.empty(shape, dtype=parts[0].dtype, device="meta")
             names[id(out)] = ""  # not a file tensor served as it is

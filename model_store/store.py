@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from model_store.digests import sha256_of
 from model_store.families import Family, MissingTensor, decoder_checkpoint, family_of
-from model_store.placement import Arena, joining_in, read_placed
+from model_store.placement import Arena, cast, joining_in, read_placed
 from model_store.weights_file import WeightsFile
 from models.gpt import GPT, GPTConfig
 from models.quantize import attach_groups
@@ -188,10 +188,6 @@ def list_checkpoints(root: Path = STORE_ROOT) -> list[CheckpointInfo]:
         except CheckpointError as e:
             infos.append(CheckpointInfo(folder.name, folder, None, str(e)))
     return infos
-
-
-def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype) if t.is_floating_point() else t
 
 
 def load_gpt(

@@ -43,8 +43,8 @@ def huge_pages_offered() -> bool:
 
 class HugePageBlock:
     """A block advised for huge pages that a checkpoint's tensors are read straight into (model_store/placement.py's
-    Arena), its pages faulted in by a thread of its own meanwhile (ctypes lets go of the GIL): on these VMs fresh
-    memory comes at first touch, 2 GB in 3-5 s, which the reads then no longer wait for."""
+    Arena), its pages faulted in by a thread of its own meanwhile (ctypes lets go of the GIL): fresh huge pages are
+    slow to come on a VM (docs/BENCHMARKS.md, "Start-up"), and the reads then no longer wait for them all."""
 
     def __init__(self) -> None:
         self.block: mmap.mmap | None = None
