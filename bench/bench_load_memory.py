@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 CHECKOUT = Path(os.environ.get("TINYSERVE_CHECKOUT", HERE.parent))
 
 MEASURE = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 import torch
 sys.path.insert(0, sys.argv[1])
@@ -37,7 +37,8 @@ base = rss_mb()
 start = time.perf_counter()
 runner = load_runner("decoder", Path(sys.argv[2]), torch.device("cpu"), getattr(torch, sys.argv[3]), int(sys.argv[4]))
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so it gave the parent's peak (building the checkpoint)
+peak = int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")).split()[1]) / 1024
 weights = sum(t.numel() * t.element_size() for t in {id(p): p for p in runner.model.parameters()}.values()) / 2**20
 print(json.dumps({"load_s": round(seconds, 2), "before_mb": round(base), "load_peak_mb": round(peak),
                   "loaded_mb": round(rss_mb()), "weights_mb": round(weights),
