@@ -106,6 +106,45 @@ inline __m512 chunk_scales(const uint16_t* scales, int64_t n, int64_t groups, in
   return _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(_mm256_cvtph_ps(half)));
 }
 
+// row n's zeros times the float sums of x row m over their groups
+inline float zero_sum(const Activations& a, const uint16_t* zeros, int64_t n, int64_t m, int64_t groups) {
+  const uint16_t* z = zeros + n * groups;
+  const float* s = a.sums.data() + m * groups;
+  __m512 zacc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g += 16) {
+    const __mmask16 live = groups - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (groups - g)) - 1);
+    zacc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, z + g)), _mm512_maskz_loadu_ps(live, s + g), zacc);
+  }
+  return _mm512_reduce_add_ps(zacc);
+}
+
+// One row of x against row n of 4-bit codes in groups of 32, where a step reads each code once and waits on the
+// arithmetic around it: the nibbles unpacked in registers (no tile), the scales of 8 chunks converted at once.
+inline float row_4bit(const Activations& a, const uint8_t* codes, const uint16_t* scales, int64_t n, int64_t K) {
+  const int64_t chunks = K / 64;
+  const uint8_t* row = codes + n * K / 2;
+  const uint16_t* s = scales + n * (K / 32);
+  const __m256i low_half = _mm256_set1_epi8(0x0F);
+  const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  // a chunk's two groups
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c0 = 0; c0 < chunks; c0 += 8) {
+    const int64_t live = chunks - c0 < 8 ? chunks - c0 : 8;
+    const __m512 sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << (2 * live)) - 1), s + 2 * c0));
+    __m512i lanes = first;
+    for (int64_t c = c0; c < c0 + live; ++c) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * 32));
+      const __m256i lo = _mm256_and_si256(b, low_half), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __m512i qx = _mm512_loadu_si512(a.q.data() + c * 64);
+      const __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, qx));
+      const __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(lanes, sv), _mm512_loadu_ps(a.dx.data() + c * 16));
+      acc[c & 1] = _mm512_fmadd_ps(dots, scale, acc[c & 1]);
+      lanes = _mm512_add_epi32(lanes, _mm512_set1_epi32(2));
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
 template <int MB, int NB>
 inline void block(const Activations& a, const uint8_t* tile, const uint16_t* scales, const uint16_t* zeros,
                   const uint16_t* bias, uint16_t* out, int64_t m0, int64_t n0, int64_t N, int64_t K, int group,
@@ -136,17 +175,7 @@ inline void block(const Activations& a, const uint8_t* tile, const uint16_t* sca
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) {
       float sum = _mm512_reduce_add_ps(acc[i][j]);
-      if (zeros) {
-        const uint16_t* z = zeros + (n0 + j) * groups;
-        const float* s = a.sums.data() + (m0 + i) * groups;
-        __m512 zacc = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g += 16) {
-          const __mmask16 live = groups - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (groups - g)) - 1);
-          const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, z + g));
-          zacc = _mm512_fmadd_ps(zv, _mm512_maskz_loadu_ps(live, s + g), zacc);
-        }
-        sum += _mm512_reduce_add_ps(zacc);
-      }
+      if (zeros) sum += zero_sum(a, zeros, n0 + j, m0 + i, groups);
       if (bias) sum += from_bf16(bias[n0 + j]);
       out[(m0 + i) * N + n0 + j] = to_bf16(sum);
     }
@@ -176,6 +205,16 @@ extern "C" void group_gemm_bf16(const uint16_t* x, const uint8_t* codes, int bit
   static thread_local Activations kept;  // the caller's, reused (no allocation a product)
   Activations& a = kept;                  // the caller's for every thread of the region below
   quantize(x, M, K, group, offsets, zeros != nullptr, a);
+  if (M == 1 && bits == 4 && group == 32) {  // a lone row (a decode step of one request)
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; ++n) {
+      float sum = row_4bit(a, codes, scales, n, K);
+      if (zeros) sum += zero_sum(a, zeros, n, 0, K / 32);
+      if (bias) sum += from_bf16(bias[n]);
+      out[n] = to_bf16(sum);
+    }
+    return;
+  }
   const int64_t blocks = (N + N_BLOCK - 1) / N_BLOCK;
 #pragma omp parallel num_threads(threads)
   {
