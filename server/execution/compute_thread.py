@@ -317,19 +317,13 @@ def behind_requests(work: Callable[[], None], compute: ComputeThread, name: str 
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         gate = YieldToRequests(compute.idle)
         threading.Thread(target=pause.run, name=f"{name}-pause", daemon=True).start()
-        try:
-            with gate.gating():
+        try:  # the server may stop first: what is left to load or build is then not wanted
+            with contextlib.suppress(ComputeStopping), gate.gating():
                 work()
-        except ComputeStopping:  # the server stopped first: what is left to load or build is not wanted
-            log.info("%s work stopped with the server", name)
         finally:
             pause.resume()
-            log.info(
-                "%s work done; it waited %.1f s for requests, its helper processes %.1f s",
-                name,
-                gate.waited_s,
-                pause.paused_s,
-            )
+            waited = f"it waited {gate.waited_s:.1f} s for requests, its helper processes {pause.paused_s:.1f} s"
+            log.info("%s work done; %s", name, waited)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

@@ -72,18 +72,21 @@ void quantize(const uint16_t* x, int64_t M, int64_t K, int group, bool offsets, 
   }
 }
 
+// a 64-column chunk's 4-bit codes (32 bytes, two a byte) as 64 bytes in k order
+inline __m512i nibbles(const uint8_t* chunk) {
+  const __m256i low_half = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
+  const __m256i lo = _mm256_and_si256(b, low_half), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 // row n's codes as K unsigned bytes in k order (byte codes offset by 128). A row of 4-bit codes is K / 2 bytes of
 // nibbles; of 5- and 6-bit codes, those and then a plane for each bit above them, K / 8 bytes each (bit t of byte b:
 // code 8b + t)
 inline void codes_to_bytes(const uint8_t* codes, int bits, int64_t n, int64_t K, uint8_t* tile) {
-  const __m256i low_half = _mm256_set1_epi8(0x0F);
   const uint8_t* row = codes + n * K * bits / 8;
   for (int64_t k = 0; k < K; k += 64) {
     if (bits < 8) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2));
-      const __m256i lo = _mm256_and_si256(b, low_half);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
-      __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      __m512i c = nibbles(row + k / 2);
       for (int bit = 4; bit < bits; ++bit) {
         uint64_t plane;
         memcpy(&plane, row + K / 2 + (bit - 4) * K / 8 + k / 8, 8);
@@ -124,7 +127,6 @@ inline float row_4bit(const Activations& a, const uint8_t* codes, const uint16_t
   const int64_t chunks = K / 64;
   const uint8_t* row = codes + n * K / 2;
   const uint16_t* s = scales + n * (K / 32);
-  const __m256i low_half = _mm256_set1_epi8(0x0F);
   const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  // a chunk's two groups
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t c0 = 0; c0 < chunks; c0 += 8) {
@@ -132,9 +134,7 @@ inline float row_4bit(const Activations& a, const uint8_t* codes, const uint16_t
     const __m512 sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << (2 * live)) - 1), s + 2 * c0));
     __m512i lanes = first;
     for (int64_t c = c0; c < c0 + live; ++c) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * 32));
-      const __m256i lo = _mm256_and_si256(b, low_half), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low_half);
-      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __m512i w = nibbles(row + c * 32);
       const __m512i qx = _mm512_loadu_si512(a.q.data() + c * 64);
       const __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, qx));
       const __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(lanes, sv), _mm512_loadu_ps(a.dx.data() + c * 16));

@@ -48,7 +48,7 @@ class HugePageBlock:
 
     def __init__(self) -> None:
         self.block: mmap.mmap | None = None
-        self.start = self.end = 0
+        self.base = self.start = self.end = 0  # the block's address; where its tensors begin and end in it
 
     def place(self, groups: list[list[tuple[torch.dtype, torch.Size]]]) -> list[list[torch.Tensor]]:
         if self.block is not None:
@@ -56,12 +56,13 @@ class HugePageBlock:
         sizes = [[shape.numel() * dtype.itemsize for dtype, shape in group] for group in groups]
         total = sum(aligned(sum(group)) for group in sizes)
         self.block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        base = address(self.block)
-        self.start = -base % HUGE_PAGE
+        self.base = address(self.block)
+        self.start = -self.base % HUGE_PAGE
         self.end = self.start + total
         if total:
             self.block.madvise(mmap.MADV_HUGEPAGE, self.start, total)
-            threading.Thread(target=populate, args=(base + self.start, total), name="huge-pages", daemon=True).start()
+            faulting = threading.Thread(target=populate, args=(self.base + self.start, total), daemon=True)
+            faulting.start()
         offset, placed = self.start, []
         for group, group_sizes in zip(groups, sizes, strict=True):
             placed.append([])
@@ -78,7 +79,7 @@ class HugePageBlock:
         ) and all(b.data_ptr() == a.data_ptr() + a.nbytes for a, b in zip(parts, parts[1:], strict=False))
         if not adjacent or not first.dim():
             return None
-        offset = first.data_ptr() - address(self.block)
+        offset = first.data_ptr() - self.base
         shape = torch.Size([sum(p.shape[0] for p in parts), *rest])
         return self.tensor(offset, sum(p.nbytes for p in parts), first.dtype, shape)
 
@@ -91,8 +92,7 @@ class HugePageBlock:
     def holds(self, t: torch.Tensor) -> bool:
         if self.block is None or t.device.type != "cpu" or not t.nbytes:
             return False
-        base = address(self.block)
-        return base + self.start <= t.data_ptr() and t.data_ptr() + t.nbytes <= base + self.end
+        return self.base + self.start <= t.data_ptr() and t.data_ptr() + t.nbytes <= self.base + self.end
 
 
 def aligned(size: int) -> int:
